@@ -1,0 +1,73 @@
+"""The AgentDriver seam: how Prospero reaches one agent's data path.
+
+Both implementations (NdjsonDriver today, AcpDriver next) emit the same EventKinds into an
+EventSink and accept the same steering calls; they differ only inside their own modules.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from prospero.core.ratecard import RateCard
+from prospero.core.transport import NetworkSecurity
+from prospero.core.wire.control import Endpoint, SpawnSpec
+from prospero.types.events import EventKind
+
+EventSink = Callable[[EventKind], Awaitable[None]]
+"""Receives normalised events in wire order; the FleetManager sequences and stores them."""
+
+EndpointResolver = Callable[[], Awaitable[Endpoint]]
+"""Looks up the agent's current per-agent endpoint (caliband `attach`)."""
+
+
+class DriverExit(enum.Enum):
+    finished = "finished"  # the agent's run ended (terminal event emitted)
+    closed = "closed"  # close() was called
+    gave_up = "gave_up"  # reconnect budget spent; the manager may re-run the driver later
+
+
+@dataclass
+class DriverOptions:
+    include_thinking: bool = True
+    rate_card: RateCard = field(default_factory=RateCard)
+    backoff_base: float = 0.2
+    backoff_cap: float = 10.0
+    max_failures: int = 8
+
+
+@dataclass
+class DriverTarget:
+    agent_id: str
+    workspace: str
+    resolve_endpoint: EndpointResolver
+    security: NetworkSecurity | None = None
+    interactive: bool = False
+    spec: SpawnSpec | None = None
+    working_dir: str = ""
+
+
+@runtime_checkable
+class AgentDriver(Protocol):
+    protocol: str
+
+    async def run(self) -> DriverExit:
+        """Stream the agent's events into the sink until it finishes, close() is called, or
+        the reconnect budget is spent. May be called again after `gave_up`: state (cursor,
+        open tool calls) carries over, so nothing is emitted twice."""
+        ...
+
+    async def send_input(self, text: str) -> None: ...
+
+    async def end_input(self) -> None: ...
+
+    async def cancel_turn(self) -> None:
+        """Raises Unsupported where the protocol cannot cancel a turn (NDJSON)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def finished(self) -> bool: ...

@@ -1,0 +1,74 @@
+"""Typed errors of the core. The API layer maps `kind` to HTTP (prospero-surface.md §1.1)."""
+
+from __future__ import annotations
+
+
+class ProsperoError(Exception):
+    kind = "internal"
+
+
+class NotFound(ProsperoError):
+    kind = "not_found"
+
+
+class AgentNotFound(NotFound):
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"agent '{agent_id}' not found")
+        self.agent_id = agent_id
+
+
+class WorkspaceNotFound(NotFound):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"workspace '{name}' not found")
+        self.name = name
+
+
+class InvalidState(ProsperoError):
+    kind = "invalid_state"
+
+    def __init__(self, op: str, agent_id: str, status: str, why: str = "") -> None:
+        msg = f"cannot {op} agent '{agent_id}' in state '{status}'"
+        super().__init__(f"{msg}: {why}" if why else msg)
+        self.op, self.agent_id, self.status = op, agent_id, status
+
+
+class Conflict(ProsperoError):
+    kind = "conflict"
+
+
+class ProviderMisconfigured(ProsperoError):
+    kind = "provider_misconfigured"
+
+
+class InvalidConfig(ProsperoError):
+    kind = "invalid_config"
+
+
+class Unsupported(ProsperoError):
+    """The operation does not exist for this driver or backend."""
+
+    kind = "unsupported"
+
+
+class TransportError(ProsperoError):
+    """Could not reach the peer: refused, TLS failure, wrong token (silent drop), EOF."""
+
+    kind = "unreachable"
+
+
+class CalibandUnreachable(TransportError):
+    pass
+
+
+class ProtocolError(ProsperoError):
+    """The peer answered something we cannot accept: non-JSON, wrong reply kind, internal."""
+
+    kind = "protocol"
+
+
+class StoreError(ProsperoError):
+    kind = "internal"
+
+
+class SeqConflict(StoreError):
+    pass

@@ -1,0 +1,46 @@
+"""The FleetProvider seam: who owns agent lifecycles (LocalFleet: calibands; K8sFleet later).
+
+A provider never emits events and keeps no snapshot; the FleetManager above it polls, diffs,
+attaches drivers and emits.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from prospero.core.transport import NetworkSecurity
+from prospero.core.wire.control import AgentRecord, Endpoint, SpawnedReply, SpawnSpec
+from prospero.types.model import RegisteredWorkspace
+
+
+@runtime_checkable
+class FleetProvider(Protocol):
+    name: str
+
+    async def list_agents(self, ws: RegisteredWorkspace) -> list[AgentRecord]:
+        """Raises CalibandUnreachable (-> workspace unreachable) or ProtocolError."""
+        ...
+
+    async def spawn(self, ws: RegisteredWorkspace, spec: SpawnSpec) -> SpawnedReply: ...
+
+    async def attach(self, ws: RegisteredWorkspace, agent_id: str) -> Endpoint: ...
+
+    async def kill(self, ws: RegisteredWorkspace, agent_id: str) -> None: ...
+
+    async def respawn(self, ws: RegisteredWorkspace, agent_id: str) -> str: ...
+
+    async def remove(self, ws: RegisteredWorkspace, agent_id: str, force: bool = False) -> None: ...
+
+    async def restart(self, ws: RegisteredWorkspace) -> None:
+        """Apply a changed workspace config (local: shutdown caliband, rediscover)."""
+        ...
+
+    async def forget(self, ws_name: str) -> None:
+        """Drop cached clients for a removed workspace (does not stop anything)."""
+        ...
+
+    def security(self, ws: RegisteredWorkspace) -> NetworkSecurity | None:
+        """Transport security for this workspace's per-agent endpoints."""
+        ...
+
+    async def close(self) -> None: ...

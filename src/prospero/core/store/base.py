@@ -1,0 +1,94 @@
+"""The EventStore and ConfigStore seams. SQLite is the embedded default; PostgreSQL later."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from prospero.types.events import FleetEvent
+from prospero.types.model import RegisteredWorkspace
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """An event with its store-wide insertion ordinal (the fleet stream's resume cursor)."""
+
+    ordinal: int
+    event: FleetEvent
+
+
+@dataclass
+class UsageDay:
+    """Aggregates for one workspace and one UTC day, maintained at ingest.
+
+    Token and cost sums are null when no event in the bucket reported them ("not reported"),
+    never a fake 0.
+    """
+
+    workspace: str
+    day: str  # YYYY-MM-DD (UTC)
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    turns: int = 0
+    runs: int = 0
+    outcomes: dict[str, int] = field(
+        default_factory=lambda: {"done": 0, "failed": 0, "killed": 0, "crashed": 0}
+    )
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def append_batch(self, events: Sequence[FleetEvent]) -> list[int]:
+        """Atomically append events; returns their ordinals. Raises SeqConflict when a
+        (stream_key, seq) already exists (nothing of the batch is written then), StoreError
+        on any other failure. Updates usage aggregates in the same transaction."""
+        ...
+
+    async def replay(
+        self, stream_key: str, from_seq: int = 0, limit: int | None = None
+    ) -> list[FleetEvent]:
+        """Events of one stream with seq >= from_seq, ascending."""
+        ...
+
+    async def replay_fleet(self, after_ordinal: int = 0, limit: int | None = None) -> list[StoredEvent]:
+        """All streams' events with ordinal > after_ordinal, in insertion order."""
+        ...
+
+    async def high_water(self, stream_key: str) -> int:
+        """Highest seq stored for the stream, 0 when none."""
+        ...
+
+    async def last_ordinal(self) -> int: ...
+
+    async def writable(self) -> bool: ...
+
+    async def prune(self, before_ts: str) -> int:
+        """Delete events with ts < before_ts (string compare); returns how many."""
+        ...
+
+    async def usage(self, since_day: str, until_day: str) -> list[UsageDay]:
+        """Aggregates for days in [since_day, until_day] inclusive, by workspace then day."""
+        ...
+
+    async def save_cursor(self, key: str, data: bytes) -> None:
+        """Opaque driver resume state (e.g. NDJSON line cursor), keyed by agent id."""
+        ...
+
+    async def load_cursor(self, key: str) -> bytes | None: ...
+
+
+@runtime_checkable
+class ConfigStore(Protocol):
+    async def list_workspaces(self) -> list[RegisteredWorkspace]:
+        """In name order."""
+        ...
+
+    async def upsert_workspace(self, ws: RegisteredWorkspace) -> None: ...
+
+    async def delete_workspace(self, name: str) -> bool: ...

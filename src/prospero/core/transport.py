@@ -1,0 +1,186 @@
+"""Byte transports to caliband and its agents (caliband-wire.md §1.3, §4.3).
+
+Unix sockets carry no TLS and no token. TCP connections use TLS trusting only the configured
+CA and verifying the configured server name, then send the `{"bearer": ...}` preamble line.
+A token without TLS is refused: it would travel in clear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import socket
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from prospero.core.errors import InvalidConfig, TransportError
+from prospero.core.wire.control import Endpoint, TcpEndpoint, UnixEndpoint
+
+MAX_LINE = 1 << 20  # 1 MiB: longer lines are skipped and counted, never buffered whole
+STREAM_LIMIT = MAX_LINE + 2
+
+
+@dataclass(frozen=True)
+class NetworkSecurity:
+    """How to dial TCP endpoints. `ca_pem=None` means plaintext (only fakes accept that)."""
+
+    ca_pem: bytes | None = None
+    server_name: str = "caliband"
+    token: str | None = None
+    connect_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.token is not None and not self.token.strip():
+            raise InvalidConfig("bearer token is empty")
+        if self.token is not None and self.ca_pem is None:
+            raise InvalidConfig("refusing a bearer token without TLS: the token would travel in clear")
+        if self.ca_pem is not None and b"-----BEGIN CERTIFICATE-----" not in self.ca_pem:
+            raise InvalidConfig("CA file contains no certificate")
+
+    @classmethod
+    def from_files(
+        cls, ca_file: str | Path | None, token_file: str | Path | None, server_name: str = "caliband"
+    ) -> NetworkSecurity:
+        ca = Path(ca_file).read_bytes() if ca_file else None
+        token = Path(token_file).read_text().rstrip() if token_file else None
+        return cls(ca_pem=ca, server_name=server_name, token=token)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.ca_pem is None:
+            return None
+        try:
+            ctx = ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH, cadata=self.ca_pem.decode())
+        except (ssl.SSLError, ValueError) as e:
+            raise InvalidConfig(f"cannot load CA: {e}") from e
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = True
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+
+def describe(endpoint: Endpoint) -> str:
+    return endpoint.path if isinstance(endpoint, UnixEndpoint) else endpoint.addr
+
+
+async def open_endpoint(
+    endpoint: Endpoint, security: NetworkSecurity | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Dial an endpoint; for TCP do TLS + the bearer preamble. Raises TransportError."""
+    sec = security or NetworkSecurity()
+    try:
+        if isinstance(endpoint, UnixEndpoint):
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(endpoint.path, limit=STREAM_LIMIT),
+                sec.connect_timeout,
+            )
+            return reader, writer
+        assert isinstance(endpoint, TcpEndpoint)
+        host, port = endpoint.host_port()
+        ctx = sec.ssl_context()
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(
+                host,
+                port,
+                ssl=ctx,
+                server_hostname=sec.server_name if ctx else None,
+                limit=STREAM_LIMIT,
+            ),
+            sec.connect_timeout,
+        )
+    except InvalidConfig:
+        raise
+    except ssl.SSLError as e:
+        raise TransportError(f"TLS failure dialing {describe(endpoint)}: {e.reason or e}") from e
+    except (OSError, TimeoutError, ValueError) as e:
+        raise TransportError(f"cannot connect to {describe(endpoint)}: {e or type(e).__name__}") from e
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sec.token is not None:
+        writer.write(orjson.dumps({"bearer": sec.token}) + b"\n")
+        try:
+            await writer.drain()
+        except OSError as e:
+            writer.close()
+            raise TransportError(f"connection to {describe(endpoint)} dropped: {e}") from e
+    return reader, writer
+
+
+class OversizedLine(Exception):
+    """A line longer than MAX_LINE was read and discarded. `digest` identifies it."""
+
+    def __init__(self, size: int, digest: bytes) -> None:
+        super().__init__(f"line of {size} bytes exceeds the {MAX_LINE} byte limit")
+        self.size = size
+        self.digest = digest
+
+
+async def read_line(reader: asyncio.StreamReader) -> bytes | None:
+    """Read one newline-terminated line (without the newline). None at EOF.
+
+    A partial line at EOF is discarded (the connection was cut mid-line; it will be replayed).
+    A line over MAX_LINE is consumed and reported by raising OversizedLine.
+    """
+    try:
+        line = await reader.readuntil(b"\n")
+    except asyncio.IncompleteReadError:
+        return None
+    except asyncio.LimitOverrunError as e:
+        digest = hashlib.blake2b(digest_size=8)
+        size = 0
+        consumed = e.consumed
+        while True:
+            try:
+                chunk = await reader.readexactly(consumed)
+                digest.update(chunk)
+                size += len(chunk)
+                tail = await reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError as e2:
+                consumed = e2.consumed
+                continue
+            except asyncio.IncompleteReadError:
+                return None
+            digest.update(tail)
+            size += len(tail)
+            raise OversizedLine(size - 1, digest.digest()) from None
+    if len(line) > MAX_LINE + 1:
+        raise OversizedLine(len(line) - 1, hashlib.blake2b(line, digest_size=8).digest())
+    return line[:-1]
+
+
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer.wait_closed(), 2.0)
+
+
+async def send_one_line(
+    endpoint: Endpoint, security: NetworkSecurity | None, line: bytes, drain_timeout: float = 1.0
+) -> None:
+    """Write one inbound frame on a fresh connection, as caliband-wire.md §4.3 prescribes:
+    no-delay, flush, half-close, then drain the replay until EOF or a short deadline."""
+    reader, writer = await open_endpoint(endpoint, security)
+    try:
+        writer.write(line if line.endswith(b"\n") else line + b"\n")
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_timeout
+        while (left := deadline - loop.time()) > 0:
+            try:
+                chunk = await asyncio.wait_for(reader.read(65536), left)
+            except (TimeoutError, OSError):
+                break
+            if not chunk:
+                break
+    except OSError as e:
+        raise TransportError(f"sending to {describe(endpoint)} failed: {e}") from e
+    finally:
+        await close_writer(writer)
+

@@ -1,0 +1,113 @@
+"""Prospero's read model of the fleet (caliband-wire.md §7, prospero-surface.md §1.3)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AgentStatus(StrEnum):
+    spawning = "spawning"
+    running = "running"
+    idle = "idle"
+    killed = "killed"
+    done = "done"
+    failed = "failed"
+    crashed = "crashed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def active(self) -> bool:
+        return self in (AgentStatus.spawning, AgentStatus.running)
+
+
+_TERMINAL = frozenset(
+    {AgentStatus.killed, AgentStatus.done, AgentStatus.failed, AgentStatus.crashed}
+)
+
+DriveProtocol = Literal["ndjson", "acp"]
+Posture = Literal["supervised", "autonomous"]
+
+
+class Healthy(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    state: Literal["healthy"] = "healthy"
+
+
+class Unreachable(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    state: Literal["unreachable"] = "unreachable"
+    reason: str = ""
+
+
+WorkspaceHealth = Annotated[Healthy | Unreachable, Field(discriminator="state")]
+
+
+class RepoProviderConfig(BaseModel):
+    """Per-workspace provider config. Optional keys are omitted on output."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    provider: str | None = None
+    base_url: str | None = None
+    api_key_from_env: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class Source(BaseModel):
+    name: str
+    path: str
+
+
+class Agent(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    name: str
+    workspace: str
+    status: AgentStatus
+    started_at: str
+    isolated: bool = False
+    interactive: bool = False
+    session_dir: str = ""
+    drive_protocol: DriveProtocol = "ndjson"
+    posture: Posture | None = None
+    model: str | None = None
+    label: str | None = None
+
+
+class Workspace(BaseModel):
+    name: str
+    root: str
+    sources: list[Source] = Field(default_factory=list)
+    health: WorkspaceHealth = Field(default_factory=Healthy)
+    config: RepoProviderConfig = Field(default_factory=RepoProviderConfig)
+    agents: list[Agent] = Field(default_factory=list)
+
+
+class FleetSnapshot(BaseModel):
+    host: str
+    workspaces: list[Workspace] = Field(default_factory=list)
+
+
+class RegisteredWorkspace(BaseModel):
+    """A workspace as the config store keeps it."""
+
+    name: str
+    root: str
+    config: RepoProviderConfig = Field(default_factory=RepoProviderConfig)
+
+
+class GracefulDrain(BaseModel):
+    timeout_ms: int = 30_000
+
+
+class DrainPolicy(BaseModel):
+    """`kill` (immediate) or graceful: end input, wait up to timeout, then kill."""
+
+    graceful: GracefulDrain | None = None
