@@ -1,0 +1,133 @@
+"""The composition root: builds store, bus, emitter, provider and FleetManager from a config.
+
+prosperod, `prospero demo` and the API tests all start Prospero through `Runtime`, so there is
+one wiring of the stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prospero.core.bus import InProcessBus
+from prospero.core.emitter import Emitter
+from prospero.core.fleet.local import CalibandNetworkConfig, LocalFleet, LocalFleetConfig
+from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
+from prospero.core.fleet.provider import FleetProvider
+from prospero.core.metrics import Metrics
+from prospero.core.ratecard import RateCard
+from prospero.core.retention import RetentionTask
+from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
+
+log = logging.getLogger(__name__)
+
+
+def default_data_dir() -> Path:
+    xdg = os.environ.get("XDG_DATA_HOME")
+    if xdg:
+        return Path(xdg) / "prospero"
+    home = os.environ.get("HOME")
+    if home:
+        return Path(home) / ".local" / "share" / "prospero"
+    return Path(".prospero")
+
+
+@dataclass
+class DaemonConfig:
+    bind_host: str = "127.0.0.1"
+    port: int = 7878
+    data_dir: Path = field(default_factory=default_data_dir)
+    host_label: str = "local"
+    poll_interval: float = 2.0
+    autostart: bool = True
+    caliband_bin: str = "caliband"
+    default_env: dict[str, str] = field(default_factory=dict)
+    retention_days: int = 0
+    include_thinking: bool = True
+    allow_acp: bool = False
+    rate_card: RateCard = field(default_factory=RateCard)
+    caliband_network: CalibandNetworkConfig | None = None
+    # API auth: token name -> token. Empty = no auth (only allowed on loopback binds).
+    api_tokens: dict[str, str] = field(default_factory=dict)
+    log_format: str = "text"
+    log_level: str = "info"
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "events.db"
+
+
+class Runtime:
+    def __init__(self, config: DaemonConfig, *, provider: FleetProvider | None = None) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self._provider_override = provider
+        self.store: SqliteEventStore | None = None
+        self.config_store: SqliteConfigStore | None = None
+        self.bus = InProcessBus()
+        self.emitter: Emitter | None = None
+        self.manager: FleetManager | None = None
+        self._retention: RetentionTask | None = None
+
+    async def start(self) -> None:
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = SqliteEventStore(cfg.db_path)
+        await self.store.open()
+        self.config_store = SqliteConfigStore(cfg.db_path)
+        await self.config_store.open()
+        self.emitter = Emitter(self.store, self.bus, self.metrics)
+        await self.emitter.start()
+        provider = self._provider_override or LocalFleet(
+            LocalFleetConfig(
+                autostart=cfg.autostart,
+                caliband_bin=cfg.caliband_bin,
+                default_env=cfg.default_env,
+                network=cfg.caliband_network,
+            )
+        )
+        self.manager = FleetManager(
+            provider,
+            self.config_store,
+            self.store,
+            self.emitter,
+            self.metrics,
+            FleetConfig(
+                host=cfg.host_label,
+                poll_interval=cfg.poll_interval,
+                include_thinking=cfg.include_thinking,
+                rate_card=cfg.rate_card,
+                allow_acp=cfg.allow_acp,
+                default_env=cfg.default_env,
+            ),
+            driver_factories=default_driver_factories(),
+        )
+        await self.manager.start()
+        if cfg.retention_days > 0:
+            self._retention = RetentionTask(self.store, cfg.retention_days)
+            self._retention.start()
+
+    async def stop(self) -> None:
+        """Stop attach tasks and the poll loop, flush the emitter, close the stores."""
+        if self._retention is not None:
+            await self._retention.stop()
+        if self.manager is not None:
+            await self.manager.stop()
+        if self.emitter is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.emitter.close(), 10.0)
+        if self.config_store is not None:
+            await self.config_store.close()
+        if self.store is not None:
+            await self.store.close()
+
+    async def __aenter__(self) -> Runtime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,125 @@
+"""HTTP API DTOs (prospero-surface.md §1.3). The FleetManager speaks these too."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prospero.types.model import (
+    DriveProtocol,
+    Posture,
+    RepoProviderConfig,
+    Source,
+    WorkspaceHealth,
+)
+
+
+class SpawnRequest(BaseModel):
+    """Body of POST /api/workspaces/{ws}/agents. Only `isolation: "shared"` disables worktrees."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=1_000_000)
+    label: str | None = Field(default=None, max_length=200)
+    model: str | None = Field(default=None, max_length=200)
+    isolation: str | None = None
+    tool_allowlist: list[str] | None = None
+    interactive: bool = False
+    frontmatter_path: str | None = None
+    provider_ref: str | None = None
+    drive_protocol: DriveProtocol = "ndjson"
+    posture: Posture | None = None
+
+    @property
+    def isolated(self) -> bool:
+        return self.isolation != "shared"
+
+
+class SpawnedResponse(BaseModel):
+    agent_id: str
+    workspace: str
+    isolated: bool
+    created: bool = True
+    drive_protocol: DriveProtocol = "ndjson"
+
+
+class RespawnedResponse(BaseModel):
+    agent_id: str
+
+
+class AgentInputBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str = Field(min_length=1, max_length=1_000_000)
+
+
+class AddWorkspaceBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    root: str = ""
+    config: RepoProviderConfig = Field(default_factory=RepoProviderConfig)
+
+
+class WorkspaceSummary(BaseModel):
+    name: str
+    root: str
+    sources: list[Source] = Field(default_factory=list)
+    health: WorkspaceHealth
+    agent_count: int = 0
+    config: RepoProviderConfig = Field(default_factory=RepoProviderConfig)
+
+
+class Readiness(BaseModel):
+    ready: bool
+    store_writable: bool
+    workspaces_total: int
+    workspaces_healthy: int
+    workspaces_unreachable: int
+
+
+class Capabilities(BaseModel):
+    admin: bool = True
+    async_workspace_ops: bool = False
+    drive_protocols: list[DriveProtocol] = Field(default_factory=lambda: ["ndjson"])  # type: ignore[arg-type]
+
+
+class ErrorBody(BaseModel):
+    error: str
+    kind: str
+
+
+class UsageOutcomes(BaseModel):
+    done: int = 0
+    failed: int = 0
+    killed: int = 0
+    crashed: int = 0
+
+
+class UsageBucket(BaseModel):
+    day: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    turns: int = 0
+    runs: int = 0
+    outcomes: UsageOutcomes = Field(default_factory=UsageOutcomes)
+
+
+class UsageGroup(BaseModel):
+    workspace: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    turns: int = 0
+    runs: int = 0
+    outcomes: UsageOutcomes = Field(default_factory=UsageOutcomes)
+    series: list[UsageBucket] = Field(default_factory=list)
+
+
+class UsageReport(BaseModel):
+    since: str
+    until: str
+    groups: list[UsageGroup] = Field(default_factory=list)
+
+
+DrainMode = Literal["kill", "graceful"]

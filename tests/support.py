@@ -1,0 +1,38 @@
+"""Shared test helpers: bounded polling instead of sleeps, short socket dirs, fixture paths."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(os.environ.get("PROSPERO_FIXTURES", REPO.parent / "shared" / "fixtures" / "caliband"))
+
+
+def fixture_lines(name: str) -> list[str]:
+    return [ln for ln in (FIXTURES / name).read_text().splitlines() if ln.strip()]
+
+
+def short_tmpdir() -> str:
+    """A short directory for Unix sockets (sun_path is limited to ~107 bytes)."""
+    return tempfile.mkdtemp(prefix="pr-", dir="/tmp")
+
+
+async def wait_until(
+    cond: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, interval: float = 0.01, what: str = ""
+) -> None:
+    """Poll `cond` until it is truthy; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = cond()
+        if asyncio.iscoroutine(res) or isinstance(res, Awaitable):
+            res = await res  # type: ignore[misc]
+        if res:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {what or cond}")
+        await asyncio.sleep(interval)
