@@ -55,6 +55,8 @@ class DaemonConfig:
     api_tokens: dict[str, str] = field(default_factory=dict)
     log_format: str = "text"
     log_level: str = "info"
+    # Per-subscriber live-bus queue; a subscriber further behind self-heals from the store.
+    bus_buffer: int = 1024
 
     @property
     def db_path(self) -> Path:
@@ -68,7 +70,7 @@ class Runtime:
         self._provider_override = provider
         self.store: SqliteEventStore | None = None
         self.config_store: SqliteConfigStore | None = None
-        self.bus = InProcessBus()
+        self.bus = InProcessBus(buffer=config.bus_buffer, metrics=self.metrics)
         self.emitter: Emitter | None = None
         self.manager: FleetManager | None = None
         self._retention: RetentionTask | None = None
@@ -108,7 +110,7 @@ class Runtime:
         )
         await self.manager.start()
         if cfg.retention_days > 0:
-            self._retention = RetentionTask(self.store, cfg.retention_days)
+            self._retention = RetentionTask(self.store, cfg.retention_days, metrics=self.metrics)
             self._retention.start()
 
     async def stop(self) -> None:

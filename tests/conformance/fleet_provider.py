@@ -1,0 +1,100 @@
+"""FleetProvider conformance: what every lifecycle backend (LocalFleet, a Kubernetes fleet)
+must do. A test module subclasses `FleetProviderConformance` and provides a `harness` fixture
+implementing `FleetHarness`."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import pytest
+
+from prospero.core.errors import AgentNotFound, CalibandUnreachable, InvalidState, TransportError
+from prospero.core.fleet.provider import FleetProvider
+from prospero.core.wire.control import SpawnSpec
+from prospero.types.model import AgentStatus, RegisteredWorkspace
+from tests.support import wait_until
+
+
+class FleetHarness(Protocol):
+    provider: FleetProvider
+    workspace: RegisteredWorkspace
+
+    def received_specs(self) -> list[SpawnSpec]: ...
+
+    async def make_unreachable(self) -> None: ...
+
+    def long_running_spec(self, **overrides: object) -> SpawnSpec:
+        """A spec whose agent stays running until killed."""
+        ...
+
+
+class FleetProviderConformance:
+    async def _status(self, h: FleetHarness, agent_id: str) -> AgentStatus | None:
+        for rec in await h.provider.list_agents(h.workspace):
+            if rec.id == agent_id:
+                return rec.status
+        return None
+
+    async def test_spawn_lists_agent_with_its_spec(self, harness: FleetHarness) -> None:
+        spec = harness.long_running_spec(label="conf-a", tool_allowlist=["Read", "Edit"], interactive=True)
+        reply = await harness.provider.spawn(harness.workspace, spec)
+        assert reply.id
+        records = {r.id: r for r in await harness.provider.list_agents(harness.workspace)}
+        assert reply.id in records
+        rec = records[reply.id]
+        assert rec.name == "conf-a"
+        assert rec.spec.tool_allowlist == ["Read", "Edit"]
+        assert rec.spec.interactive is True
+        assert rec.status in (AgentStatus.spawning, AgentStatus.running, AgentStatus.idle)
+        assert any(s.label == "conf-a" for s in harness.received_specs())
+
+    async def test_attach_resolves_endpoint(self, harness: FleetHarness) -> None:
+        reply = await harness.provider.spawn(harness.workspace, harness.long_running_spec())
+        endpoint = await harness.provider.attach(harness.workspace, reply.id)
+        assert endpoint.scheme in ("unix", "tcp")
+
+    async def test_unknown_ids_are_not_found(self, harness: FleetHarness) -> None:
+        for op in (
+            harness.provider.attach(harness.workspace, "nope"),
+            harness.provider.kill(harness.workspace, "nope"),
+            harness.provider.respawn(harness.workspace, "nope"),
+            harness.provider.remove(harness.workspace, "nope", True),
+        ):
+            with pytest.raises(AgentNotFound):
+                await op
+
+    async def test_kill_marks_killed(self, harness: FleetHarness) -> None:
+        reply = await harness.provider.spawn(harness.workspace, harness.long_running_spec())
+        await harness.provider.kill(harness.workspace, reply.id)
+
+        async def killed() -> bool:
+            return await self._status(harness, reply.id) == AgentStatus.killed
+
+        await wait_until(killed, 10, what="status killed")
+
+    async def test_respawn_gives_new_id_with_same_spec(self, harness: FleetHarness) -> None:
+        reply = await harness.provider.spawn(harness.workspace, harness.long_running_spec(label="re"))
+        await harness.provider.kill(harness.workspace, reply.id)
+        new_id = await harness.provider.respawn(harness.workspace, reply.id)
+        assert new_id != reply.id
+        records = {r.id: r for r in await harness.provider.list_agents(harness.workspace)}
+        assert new_id in records and reply.id not in records
+        assert records[new_id].spec.label == "re"
+
+    async def test_rm_refuses_active_without_force(self, harness: FleetHarness) -> None:
+        reply = await harness.provider.spawn(harness.workspace, harness.long_running_spec())
+        with pytest.raises(InvalidState):
+            await harness.provider.remove(harness.workspace, reply.id, False)
+        await harness.provider.remove(harness.workspace, reply.id, True)
+        assert await self._status(harness, reply.id) is None
+
+    async def test_rm_terminal_without_force(self, harness: FleetHarness) -> None:
+        reply = await harness.provider.spawn(harness.workspace, harness.long_running_spec())
+        await harness.provider.kill(harness.workspace, reply.id)
+        await harness.provider.remove(harness.workspace, reply.id, False)
+        assert await self._status(harness, reply.id) is None
+
+    async def test_unreachable_is_typed(self, harness: FleetHarness) -> None:
+        await harness.make_unreachable()
+        with pytest.raises((CalibandUnreachable, TransportError)):
+            await harness.provider.list_agents(harness.workspace)
