@@ -1,0 +1,465 @@
+"""EventStore and ConfigStore conformance: what every store backend (SQLite now, PostgreSQL
+later) must do.
+
+A test module subclasses `EventStoreConformance` and provides a `store_factory` fixture: an async
+callable that opens and returns a new handle on the *same* backing database, fresh for each test
+(calling it twice = a restart). The fixture closes every handle it opened at teardown;
+`close()` must be idempotent. Likewise `ConfigStoreConformance` with `config_store_factory`.
+
+Semantics pinned here beyond base.py's docstrings:
+- ordinals are strictly increasing and never reused, even after prune removed the newest rows;
+- `high_water` never goes backwards: pruning a whole stream does not make its seqs reusable;
+- usage aggregates survive prune (retention deletes raw events only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from prospero.core.errors import SeqConflict
+from prospero.core.store.base import ConfigStore, EventStore, UsageDay
+from prospero.types.events import (
+    AgentDiscovered,
+    AgentFinished,
+    AgentGone,
+    AgentInit,
+    AgentSpawned,
+    EventKind,
+    FleetEvent,
+    Output,
+    RepoHealth,
+    StatusChanged,
+    StorePersistFailed,
+    StreamGap,
+    ToolFinished,
+    ToolResult,
+    ToolStarted,
+    TurnFinished,
+    Usage,
+)
+from prospero.types.model import (
+    AgentStatus,
+    Healthy,
+    RegisteredWorkspace,
+    RepoProviderConfig,
+    Unreachable,
+)
+
+StoreFactory = Callable[[], Awaitable[EventStore]]
+ConfigStoreFactory = Callable[[], Awaitable[ConfigStore]]
+
+DAY1 = "2026-01-01"
+DAY2 = "2026-01-02"
+DAY3 = "2026-01-03"
+
+
+def ts(day: str, clock: str = "12:00:00.000000") -> str:
+    return f"{day}T{clock}+00:00"
+
+
+def ev(
+    agent: str,
+    seq: int,
+    kind: EventKind | None = None,
+    *,
+    repo: str = "ws",
+    at: str | None = None,
+) -> FleetEvent:
+    return FleetEvent(
+        seq=seq,
+        ts=at or ts(DAY1),
+        repo=repo,
+        agent_id=agent,
+        kind=kind if kind is not None else Output(chunk=f"{agent}#{seq}"),
+    )
+
+
+def status(to: AgentStatus, frm: AgentStatus = AgentStatus.running) -> StatusChanged:
+    return StatusChanged(from_=frm, to=to)
+
+
+def finished(
+    turns: int = 1,
+    cost: float | None = None,
+    usage: Usage | None = None,
+    outcome: str = "EndOfTurn",
+) -> AgentFinished:
+    return AgentFinished(outcome=outcome, turns=turns, cost_usd=cost, usage=usage)
+
+
+ALL_KINDS: list[EventKind] = [
+    AgentSpawned(),
+    AgentDiscovered(),
+    AgentInit(model="m", tools=["Read", "Edit"], session_id="s1"),
+    StatusChanged(from_=AgentStatus.spawning, to=AgentStatus.running),
+    Output(chunk="hello\n"),
+    Output(stream="thinking", chunk="hmm … ünïcödé"),
+    ToolStarted(id="t1", name="bash", input={"cmd": "ls", "args": [1, 2.5, None, True]}),
+    ToolStarted(id="t2", name="edit", input="not json {"),
+    ToolStarted(id="t3", name="noop"),
+    ToolFinished(id="t1", ok=False, result=ToolResult(text="boom", truncated=True)),
+    ToolFinished(id="t3"),
+    TurnFinished(
+        turn=2,
+        stop_reason="EndOfTurn",
+        model="claude",
+        usage=Usage(input_tokens=5, output_tokens=7, cache_read_input_tokens=3),
+        cost_usd=0.25,
+    ),
+    AgentFinished(
+        outcome="EndOfTurn",
+        cost_usd=None,
+        turns=4,
+        usage=Usage(input_tokens=1, output_tokens=2),
+        model="claude",
+        detail="x",
+    ),
+    AgentGone(),
+    StorePersistFailed(lost_seq=7, detail="disk full"),
+    RepoHealth(state=Healthy()),
+    RepoHealth(state=Unreachable(reason="refused")),
+    StreamGap(missing=None, detail="cursor lost"),
+    StreamGap(missing=3),
+]
+
+
+class EventStoreConformance:
+    @pytest.fixture
+    async def store(self, store_factory: StoreFactory) -> EventStore:
+        return await store_factory()
+
+    # -- append / replay -------------------------------------------------------------------
+
+    async def test_empty_store(self, store: EventStore) -> None:
+        assert await store.replay("a") == []
+        assert await store.replay_fleet() == []
+        assert await store.high_water("a") == 0
+        assert await store.last_ordinal() == 0
+        assert await store.append_batch([]) == []
+
+    async def test_every_kind_round_trips(self, store: EventStore) -> None:
+        events = [ev("a", i + 1, k) for i, k in enumerate(ALL_KINDS)]
+        await store.append_batch(events)
+        assert await store.replay("a") == events
+
+    async def test_append_returns_increasing_ordinals_matching_fleet_replay(
+        self, store: EventStore
+    ) -> None:
+        o1 = await store.append_batch([ev("a", 1), ev("b", 1), ev("a", 2)])
+        o2 = await store.append_batch([ev("b", 2)])
+        ordinals = o1 + o2
+        assert len(ordinals) == 4
+        assert ordinals == sorted(ordinals) and len(set(ordinals)) == 4
+        fleet = await store.replay_fleet()
+        assert [s.ordinal for s in fleet] == ordinals
+        assert [(s.event.agent_id, s.event.seq) for s in fleet] == [
+            ("a", 1),
+            ("b", 1),
+            ("a", 2),
+            ("b", 2),
+        ]
+        assert await store.last_ordinal() == ordinals[-1]
+
+    async def test_replay_is_per_stream_ascending_with_from_and_limit(
+        self, store: EventStore
+    ) -> None:
+        await store.append_batch([ev("a", 1), ev("b", 1), ev("a", 2)])
+        await store.append_batch([ev("a", 3), ev("b", 2), ev("a", 4)])
+        assert [e.seq for e in await store.replay("a")] == [1, 2, 3, 4]
+        assert [e.seq for e in await store.replay("b")] == [1, 2]
+        assert [e.seq for e in await store.replay("a", from_seq=3)] == [3, 4]
+        assert [e.seq for e in await store.replay("a", from_seq=2, limit=2)] == [2, 3]
+        assert [e.seq for e in await store.replay("a", from_seq=5)] == []
+        assert await store.replay("nobody") == []
+        assert all(e.agent_id == "b" for e in await store.replay("b"))
+
+    async def test_stream_keys_for_repo_and_fleet_events(self, store: EventStore) -> None:
+        repo_ev = FleetEvent(seq=1, ts=ts(DAY1), repo="ws", agent_id="", kind=AgentGone())
+        fleet_ev = FleetEvent(seq=1, ts=ts(DAY1), repo="", agent_id="", kind=AgentGone())
+        await store.append_batch([repo_ev, fleet_ev, ev("ws", 1)])
+        assert await store.replay("repo:ws") == [repo_ev]
+        assert await store.replay("fleet") == [fleet_ev]
+        assert await store.high_water("repo:ws") == 1
+        assert await store.high_water("ws") == 1  # an agent id, not the repo stream
+
+    async def test_replay_fleet_after_ordinal_and_limit(self, store: EventStore) -> None:
+        ordinals = await store.append_batch([ev(f"s{i % 3}", i // 3 + 1) for i in range(9)])
+        tail = await store.replay_fleet(after_ordinal=ordinals[4])
+        assert [s.ordinal for s in tail] == ordinals[5:]
+        page = await store.replay_fleet(after_ordinal=ordinals[1], limit=3)
+        assert [s.ordinal for s in page] == ordinals[2:5]
+        assert await store.replay_fleet(after_ordinal=ordinals[-1]) == []
+
+    async def test_large_batch(self, store: EventStore) -> None:
+        events = [ev(f"s{i % 7}", i // 7 + 1) for i in range(2000)]
+        ordinals = await store.append_batch(events)
+        assert len(ordinals) == 2000
+        assert len(await store.replay_fleet()) == 2000
+        assert await store.high_water("s0") == 286
+
+    # -- seq uniqueness ------------------------------------------------------------------
+
+    async def test_duplicate_seq_raises_seq_conflict_and_writes_nothing(
+        self, store: EventStore
+    ) -> None:
+        await store.append_batch([ev("a", 1), ev("a", 2)])
+        before_last = await store.last_ordinal()
+        bad = [
+            ev("b", 1),
+            ev("a", 3, finished(turns=5, cost=1.0), at=ts(DAY2)),
+            ev("a", 2),  # already stored
+            ev("a", 4),
+        ]
+        with pytest.raises(SeqConflict):
+            await store.append_batch(bad)
+        assert [e.seq for e in await store.replay("a")] == [1, 2]
+        assert await store.replay("b") == []
+        assert await store.high_water("a") == 2
+        assert await store.high_water("b") == 0
+        assert await store.last_ordinal() == before_last
+        assert await store.usage(DAY1, DAY3) == []
+
+    async def test_duplicate_within_one_batch_is_a_conflict(self, store: EventStore) -> None:
+        with pytest.raises(SeqConflict):
+            await store.append_batch([ev("a", 1), ev("a", 1, Output(chunk="other"))])
+        assert await store.replay("a") == []
+        # Same seq on different streams is fine.
+        await store.append_batch([ev("a", 1), ev("b", 1)])
+        assert await store.high_water("a") == 1 and await store.high_water("b") == 1
+
+    async def test_store_usable_after_conflict(self, store: EventStore) -> None:
+        await store.append_batch([ev("a", 1)])
+        with pytest.raises(SeqConflict):
+            await store.append_batch([ev("a", 1)])
+        ords = await store.append_batch([ev("a", 2)])
+        assert [e.seq for e in await store.replay("a")] == [1, 2]
+        assert ords == [await store.last_ordinal()]
+
+    # -- high water / restart ------------------------------------------------------------
+
+    async def test_high_water(self, store: EventStore) -> None:
+        assert await store.high_water("a") == 0
+        await store.append_batch([ev("a", 1), ev("a", 2), ev("b", 1)])
+        await store.append_batch([ev("a", 3)])
+        assert await store.high_water("a") == 3
+        assert await store.high_water("b") == 1
+
+    async def test_state_survives_reopen(self, store_factory: StoreFactory) -> None:
+        s1 = await store_factory()
+        o1 = await s1.append_batch([ev("a", 1), ev("a", 2), ev("b", 1)])
+        await s1.save_cursor("a", b"\x00cursor")
+        await s1.close()
+        s2 = await store_factory()
+        assert await s2.high_water("a") == 2
+        assert await s2.high_water("b") == 1
+        assert await s2.last_ordinal() == o1[-1]
+        assert [e.seq for e in await s2.replay("a")] == [1, 2]
+        assert await s2.load_cursor("a") == b"\x00cursor"
+        o2 = await s2.append_batch([ev("a", 3)])
+        assert o2[0] > o1[-1]
+        with pytest.raises(SeqConflict):
+            await s2.append_batch([ev("b", 1)])
+
+    # -- prune ---------------------------------------------------------------------------
+
+    async def test_prune_deletes_strictly_older_by_string_compare(self, store: EventStore) -> None:
+        await store.append_batch(
+            [
+                ev("a", 1, at=ts(DAY1, "00:00:00.000000")),
+                ev("a", 2, at=ts(DAY1, "23:59:59.999999")),
+                ev("b", 1, at=ts(DAY2, "00:00:00.000000")),
+                ev("a", 3, at=ts(DAY2, "00:00:00.000001")),
+                ev("b", 2, at=ts(DAY3)),
+            ]
+        )
+        n = await store.prune(ts(DAY2, "00:00:00.000000"))
+        assert n == 2
+        assert [e.seq for e in await store.replay("a")] == [3]
+        assert [e.seq for e in await store.replay("b")] == [1, 2]  # equal ts is kept
+        assert await store.prune(ts(DAY2, "00:00:00.000000")) == 0
+        assert len(await store.replay_fleet()) == 3
+
+    async def test_prune_keeps_seqs_and_ordinals_unique(self, store: EventStore) -> None:
+        o1 = await store.append_batch([ev("a", 1), ev("a", 2)])
+        assert await store.prune(ts(DAY3)) == 2
+        assert await store.replay_fleet() == []
+        # The stream's seqs are not reusable and new ordinals continue after the old ones.
+        assert await store.high_water("a") == 2
+        o2 = await store.append_batch([ev("a", 3)])
+        assert o2[0] > o1[-1]
+
+    async def test_prune_leaves_usage_aggregates(self, store: EventStore) -> None:
+        await store.append_batch([ev("a", 1, finished(turns=2, cost=0.5))])
+        assert await store.prune(ts(DAY3)) == 1
+        [row] = await store.usage(DAY1, DAY1)
+        assert row.turns == 2 and row.cost_usd == 0.5
+
+    # -- usage ---------------------------------------------------------------------------
+
+    async def test_usage_not_reported_stays_null(self, store: EventStore) -> None:
+        await store.append_batch([ev("a", 1, finished(turns=2))])
+        await store.append_batch([ev("b", 1, finished(turns=1))])
+        assert await store.usage(DAY1, DAY1) == [
+            UsageDay(workspace="ws", day=DAY1, turns=3, runs=2)
+        ]
+
+    async def test_usage_sums_reported_values(self, store: EventStore) -> None:
+        u1 = Usage(input_tokens=100, output_tokens=10)
+        u2 = Usage(input_tokens=50, output_tokens=5)
+        # Within one batch and across batches; an unreported run does not zero the sums.
+        await store.append_batch(
+            [ev("a", 1, finished(turns=1)), ev("b", 1, finished(turns=2, cost=0.5, usage=u1))]
+        )
+        await store.append_batch([ev("c", 1, finished(turns=3, cost=0.25, usage=u2))])
+        await store.append_batch([ev("d", 1, finished(turns=0, cost=0.0))])
+        [row] = await store.usage(DAY1, DAY1)
+        assert row.input_tokens == 150
+        assert row.output_tokens == 15
+        assert row.cost_usd == pytest.approx(0.75)
+        assert row.turns == 6
+        assert row.runs == 4
+        assert row.outcomes == {"done": 0, "failed": 0, "killed": 0, "crashed": 0}
+
+    async def test_usage_reported_zero_is_not_null(self, store: EventStore) -> None:
+        await store.append_batch(
+            [ev("a", 1, finished(cost=0.0, usage=Usage(input_tokens=0, output_tokens=0)))]
+        )
+        [row] = await store.usage(DAY1, DAY1)
+        assert row.cost_usd == 0.0 and row.input_tokens == 0 and row.output_tokens == 0
+
+    async def test_usage_outcomes_only_from_terminal_status(self, store: EventStore) -> None:
+        await store.append_batch(
+            [
+                ev("a", 1, status(AgentStatus.running, AgentStatus.spawning)),
+                ev("a", 2, status(AgentStatus.idle)),
+                ev("a", 3, finished(outcome="done")),  # agent_finished.outcome never counts
+                ev("a", 4, status(AgentStatus.done)),
+                ev("b", 1, status(AgentStatus.failed)),
+                ev("c", 1, status(AgentStatus.killed, AgentStatus.idle)),
+                ev("d", 1, status(AgentStatus.crashed)),
+                ev("e", 1, status(AgentStatus.done)),
+            ]
+        )
+        [row] = await store.usage(DAY1, DAY1)
+        assert row.outcomes == {"done": 2, "failed": 1, "killed": 1, "crashed": 1}
+        assert row.runs == 1 and row.turns == 1
+        assert row.cost_usd is None and row.input_tokens is None
+
+    async def test_usage_outcome_without_cost_is_a_row(self, store: EventStore) -> None:
+        await store.append_batch([ev("a", 1, status(AgentStatus.killed))])
+        assert await store.usage(DAY1, DAY1) == [
+            UsageDay(
+                workspace="ws",
+                day=DAY1,
+                outcomes={"done": 0, "failed": 0, "killed": 1, "crashed": 0},
+            )
+        ]
+
+    async def test_usage_groups_per_workspace_per_utc_day(self, store: EventStore) -> None:
+        await store.append_batch(
+            [
+                ev(
+                    "a", 1, finished(turns=1, cost=1.0), repo="zeta", at=ts(DAY1, "23:59:59.999999")
+                ),
+                ev(
+                    "a", 2, finished(turns=2, cost=2.0), repo="zeta", at=ts(DAY2, "00:00:00.000000")
+                ),
+                ev("b", 1, finished(turns=4), repo="alpha", at=ts(DAY2)),
+                ev("b", 2, status(AgentStatus.done), repo="alpha", at=ts(DAY3)),
+                ev("c", 1, Output(chunk="only output"), repo="quiet", at=ts(DAY2)),
+                ev("c", 2, ToolStarted(id="x"), repo="quiet", at=ts(DAY2)),
+            ]
+        )
+        rows = await store.usage(DAY1, DAY3)
+        assert [(r.workspace, r.day) for r in rows] == [
+            ("alpha", DAY2),
+            ("alpha", DAY3),
+            ("zeta", DAY1),
+            ("zeta", DAY2),
+        ]
+        by = {(r.workspace, r.day): r for r in rows}
+        assert by["zeta", DAY1].cost_usd == 1.0 and by["zeta", DAY1].turns == 1
+        assert by["zeta", DAY2].cost_usd == 2.0 and by["zeta", DAY2].turns == 2
+        assert by["alpha", DAY2].cost_usd is None and by["alpha", DAY2].turns == 4
+        assert by["alpha", DAY3].outcomes["done"] == 1 and by["alpha", DAY3].runs == 0
+
+    async def test_usage_window_is_inclusive_days(self, store: EventStore) -> None:
+        await store.append_batch(
+            [
+                ev("a", 1, finished(turns=1), at=ts(DAY1)),
+                ev("a", 2, finished(turns=1), at=ts(DAY2)),
+                ev("a", 3, finished(turns=1), at=ts(DAY3)),
+            ]
+        )
+        assert [r.day for r in await store.usage(DAY2, DAY2)] == [DAY2]
+        assert [r.day for r in await store.usage(DAY1, DAY2)] == [DAY1, DAY2]
+        assert [r.day for r in await store.usage(DAY2, "2026-12-31")] == [DAY2, DAY3]
+        assert await store.usage("2025-01-01", "2025-12-31") == []
+
+    # -- cursors / writable --------------------------------------------------------------
+
+    async def test_cursors(self, store: EventStore) -> None:
+        assert await store.load_cursor("a") is None
+        await store.save_cursor("a", b"one")
+        await store.save_cursor("b", b"\x00\xff binary")
+        assert await store.load_cursor("a") == b"one"
+        await store.save_cursor("a", b"two")
+        assert await store.load_cursor("a") == b"two"
+        assert await store.load_cursor("b") == b"\x00\xff binary"
+        await store.save_cursor("c", b"")
+        assert await store.load_cursor("c") == b""
+
+    async def test_writable_and_probe_leaves_no_trace(self, store: EventStore) -> None:
+        assert await store.writable() is True
+        assert await store.writable() is True
+        assert await store.last_ordinal() == 0
+        assert await store.replay_fleet() == []
+        o = await store.append_batch([ev("a", 1)])
+        assert await store.last_ordinal() == o[0]
+
+
+class ConfigStoreConformance:
+    @pytest.fixture
+    async def config_store(self, config_store_factory: ConfigStoreFactory) -> ConfigStore:
+        return await config_store_factory()
+
+    async def test_empty(self, config_store: ConfigStore) -> None:
+        assert await config_store.list_workspaces() == []
+        assert await config_store.delete_workspace("nope") is False
+
+    async def test_list_in_name_order(self, config_store: ConfigStore) -> None:
+        for name in ("mid", "zed", "Alpha", "alpha"):
+            await config_store.upsert_workspace(RegisteredWorkspace(name=name, root=f"/r/{name}"))
+        names = [w.name for w in await config_store.list_workspaces()]
+        assert names == sorted(names) == ["Alpha", "alpha", "mid", "zed"]
+
+    async def test_upsert_replaces_and_round_trips_config(self, config_store: ConfigStore) -> None:
+        await config_store.upsert_workspace(RegisteredWorkspace(name="w", root="/old"))
+        cfg = RepoProviderConfig(
+            provider="anthropic",
+            base_url="https://example.invalid",
+            api_key_from_env="MY_KEY",
+            env={"A": "1", "B": "two words"},
+        )
+        new = RegisteredWorkspace(name="w", root="/new", config=cfg)
+        await config_store.upsert_workspace(new)
+        assert await config_store.list_workspaces() == [new]
+        await config_store.upsert_workspace(RegisteredWorkspace(name="w", root="/new"))
+        [back] = await config_store.list_workspaces()
+        assert back.config == RepoProviderConfig()
+
+    async def test_delete(self, config_store: ConfigStore) -> None:
+        await config_store.upsert_workspace(RegisteredWorkspace(name="a", root="/a"))
+        await config_store.upsert_workspace(RegisteredWorkspace(name="b", root="/b"))
+        assert await config_store.delete_workspace("a") is True
+        assert await config_store.delete_workspace("a") is False
+        assert [w.name for w in await config_store.list_workspaces()] == ["b"]
+
+    async def test_survives_reopen(self, config_store_factory: ConfigStoreFactory) -> None:
+        s1 = await config_store_factory()
+        ws = RegisteredWorkspace(name="w", root="/w", config=RepoProviderConfig(env={"K": "V"}))
+        await s1.upsert_workspace(ws)
+        s2 = await config_store_factory()
+        assert await s2.list_workspaces() == [ws]

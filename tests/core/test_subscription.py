@@ -1,0 +1,363 @@
+"""follow_stream / follow_fleet: replay-then-tail with no gap and no duplicate, lag self-heal."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from prospero.core.bus import InProcessBus
+from prospero.core.emitter import Emitter
+from prospero.core.errors import StoreError
+from prospero.core.store.base import StoredEvent
+from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.subscription import GapSignal, follow_fleet, follow_stream
+from prospero.types.events import AgentFinished, FleetEvent, Output
+from tests.conformance.eventstore import ev
+from tests.support import wait_until
+
+
+@dataclass
+class Rig:
+    store: SqliteEventStore
+    bus: InProcessBus
+    emitter: Emitter
+
+    async def emit(self, agent: str, n: int, *, prefix: str = "") -> None:
+        for i in range(n):
+            await self.emitter.emit("ws", agent, Output(chunk=f"{prefix}{i}"))
+
+    async def finish(self, agent: str) -> FleetEvent:
+        return await self.emitter.emit("ws", agent, AgentFinished(outcome="EndOfTurn", turns=1))
+
+
+async def make_rig(path: Path, buffer: int = 1024) -> Rig:
+    store = SqliteEventStore(path)
+    await store.open()
+    bus = InProcessBus(buffer=buffer)
+    em = Emitter(store, bus, max_batch=64)
+    await em.start()
+    return Rig(store, bus, em)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    r = await make_rig(tmp_path / "events.db")
+    yield r
+    await r.emitter.close()
+    r.bus.close()
+    await r.store.close()
+
+
+@pytest.fixture
+async def tiny(tmp_path: Path) -> AsyncIterator[Rig]:
+    r = await make_rig(tmp_path / "events.db", buffer=4)
+    yield r
+    await r.emitter.close()
+    r.bus.close()
+    await r.store.close()
+
+
+def seqs(items: list[FleetEvent | GapSignal]) -> list[int]:
+    return [i.seq for i in items if isinstance(i, FleetEvent)]
+
+
+# -- follow_stream -----------------------------------------------------------------------------
+
+
+async def test_join_has_no_gap_and_no_duplicate_under_concurrent_emission(rig: Rig) -> None:
+    await rig.emit("a", 200, prefix="pre")
+    await rig.emitter.flush()
+    total = 200 + 3000
+
+    async def producer() -> None:
+        for i in range(3000):
+            await rig.emitter.emit("ws", "a", Output(chunk=f"live{i}"))
+            await rig.emitter.emit("ws", "other", Output(chunk="noise"))
+            if i % 5 == 0:
+                await asyncio.sleep(0)
+        await rig.finish("a")
+
+    async def consume(from_seq: int) -> list[FleetEvent | GapSignal]:
+        out: list[FleetEvent | GapSignal] = []
+        async with follow_stream(rig.store, rig.bus, "a", from_seq, page=50) as f:
+            async for item in f:
+                out.append(item)
+        return out
+
+    prod = asyncio.create_task(producer())
+    # Followers joining at different moments of the production, from different points.
+    consumers = []
+    for k, start in enumerate((1, 0, 150, 201)):
+        consumers.append(asyncio.create_task(consume(start)))
+        await wait_until(lambda k=k: rig.emitter.pending > 0 or prod.done(), what=f"tick {k}")
+        for _ in range(k * 20):
+            await asyncio.sleep(0)
+    await prod
+    results = await asyncio.gather(*consumers)
+    for start, got in zip((1, 0, 150, 201), results, strict=True):
+        first = max(start, 1)
+        assert seqs(got) == list(range(first, total + 2)), f"from {start}"
+        assert isinstance(got[-1], FleetEvent) and got[-1].kind.kind == "agent_finished"
+    assert rig.bus.subscriber_count() == 0
+
+
+async def test_paused_consumer_with_tiny_buffer_gets_gap_then_every_event_once(tiny: Rig) -> None:
+    await tiny.emit("a", 1)
+    await tiny.emitter.flush()
+    f = follow_stream(tiny.store, tiny.bus, "a")
+    got: list[FleetEvent | GapSignal] = [await f.__anext__()]  # seq 1 from history
+    # While the consumer is paused, 499 events and the terminal one are committed+published.
+    await tiny.emit("a", 499)
+    await tiny.finish("a")
+    await tiny.emitter.flush()
+    got += [item async for item in f]
+    gaps = [g for g in got if isinstance(g, GapSignal)]
+    assert gaps == [GapSignal(skipped=496, last_seq=5)]  # 2..5 fit the buffer of 4
+    assert seqs(got) == list(range(1, 502))
+    assert got.index(gaps[0]) == 5
+
+
+async def test_slow_consumer_sees_every_event_exactly_once(tiny: Rig) -> None:
+    n = 1500
+
+    async def producer() -> None:
+        for i in range(n):
+            await tiny.emitter.emit("ws", "a", Output(chunk=str(i)))
+            if i % 50 == 0:
+                await asyncio.sleep(0)
+        await tiny.finish("a")
+
+    got: list[FleetEvent | GapSignal] = []
+    f = follow_stream(tiny.store, tiny.bus, "a", page=32)
+    prod = asyncio.create_task(producer())
+    async for item in f:
+        got.append(item)
+        for _ in range(3):  # deliberately slower than the producer
+            await asyncio.sleep(0)
+    await prod
+    assert seqs(got) == list(range(1, n + 2))
+    assert any(isinstance(g, GapSignal) for g in got)
+
+
+async def test_closes_after_agent_finished_in_history(rig: Rig) -> None:
+    await rig.emit("a", 3)
+    await rig.finish("a")
+    await rig.emit("a", 2, prefix="after")  # e.g. a respawned run appended to the same stream
+    await rig.emitter.flush()
+    got = [i async for i in follow_stream(rig.store, rig.bus, "a")]
+    assert seqs(got) == [1, 2, 3, 4]
+    assert rig.bus.subscriber_count() == 0
+    # Without close_on_finish the follower keeps going.
+    f = follow_stream(rig.store, rig.bus, "a", close_on_finish=False)
+    rest = [await f.__anext__() for _ in range(6)]
+    assert seqs(rest) == [1, 2, 3, 4, 5, 6]
+    await f.aclose()
+    assert rig.bus.subscriber_count() == 0
+
+
+async def test_closes_after_live_agent_finished(rig: Rig) -> None:
+    f = follow_stream(rig.store, rig.bus, "a")
+    task = asyncio.create_task(_collect(f))
+    await rig.emit("a", 5)
+    await rig.finish("a")
+    await rig.emit("a", 1, prefix="late")
+    got = await asyncio.wait_for(task, 10)
+    assert seqs(got) == [1, 2, 3, 4, 5, 6]
+
+
+async def _collect(f: AsyncIterator[FleetEvent | GapSignal]) -> list[FleetEvent | GapSignal]:
+    return [i async for i in f]
+
+
+async def test_from_seq_skips_earlier_events(rig: Rig) -> None:
+    await rig.emit("a", 10)
+    await rig.finish("a")
+    await rig.emitter.flush()
+    got = [i async for i in follow_stream(rig.store, rig.bus, "a", 8, page=2)]
+    assert seqs(got) == [8, 9, 10, 11]
+    # A from beyond the end waits for live events.
+    f = follow_stream(rig.store, rig.bus, "b", 3)
+    nxt = asyncio.create_task(f.__anext__())
+    await rig.emit("b", 3)
+    item = await asyncio.wait_for(nxt, 10)
+    assert isinstance(item, FleetEvent) and item.seq == 3
+    await f.aclose()
+
+
+async def test_unknown_stream_waits_for_its_first_event(rig: Rig) -> None:
+    f = follow_stream(rig.store, rig.bus, "not-yet")
+    nxt = asyncio.create_task(f.__anext__())
+    await rig.emit("someone-else", 3)
+    await rig.emitter.flush()
+    assert not nxt.done()
+    await rig.emit("not-yet", 1)
+    item = await asyncio.wait_for(nxt, 10)
+    assert isinstance(item, FleetEvent) and item.agent_id == "not-yet" and item.seq == 1
+    await f.aclose()
+
+
+async def test_live_jump_is_filled_from_the_store(rig: Rig) -> None:
+    f = follow_stream(rig.store, rig.bus, "a")
+    nxt = asyncio.create_task(f.__anext__())
+    await wait_until(lambda: rig.bus.subscriber_count() == 1)
+    # Another writer (no publish on our bus) stores 1..3; our emitter then emits 4.
+    await rig.store.append_batch([ev("a", i) for i in (1, 2, 3)])
+    await rig.emit("a", 1, prefix="ours")
+    got = [await asyncio.wait_for(nxt, 10)] + [await f.__anext__() for _ in range(3)]
+    assert seqs(got) == [1, 2, 3, 4]
+    assert not any(isinstance(g, GapSignal) for g in got)
+    await f.aclose()
+
+
+async def test_unpersisted_events_are_still_followed(rig: Rig) -> None:
+    f = follow_stream(rig.store, rig.bus, "a")
+    task = asyncio.create_task(_collect(f))
+    await wait_until(lambda: rig.bus.subscriber_count() == 1)
+    original = rig.store.append_batch
+
+    async def failing(events: object) -> list[int]:
+        raise StoreError("scripted failure")
+
+    rig.store.append_batch = failing  # type: ignore[method-assign]
+    await rig.emit("a", 2)
+    await rig.emitter.flush()
+    rig.store.append_batch = original  # type: ignore[method-assign]
+    await rig.finish("a")
+    got = await asyncio.wait_for(task, 10)
+    kinds = [(g.seq, g.kind.kind) for g in got if isinstance(g, FleetEvent)]
+    assert kinds == [
+        (1, "output"),
+        (2, "output"),
+        (3, "store_persist_failed"),
+        (4, "agent_finished"),
+    ]
+
+
+async def test_follower_ends_when_the_bus_closes(rig: Rig) -> None:
+    await rig.emit("a", 2)
+    await rig.emitter.flush()
+    f = follow_stream(rig.store, rig.bus, "a")
+    task = asyncio.create_task(_collect(f))
+    await wait_until(lambda: rig.bus.subscriber_count() == 1)
+    await wait_until(lambda: not task.done() and rig.bus.subscriber_count() == 1)
+    rig.bus.close()
+    got = await asyncio.wait_for(task, 10)
+    assert seqs(got) == [1, 2]
+
+
+async def test_abandoned_follower_unsubscribes(rig: Rig) -> None:
+    f = follow_stream(rig.store, rig.bus, "a")
+    assert rig.bus.subscriber_count() == 1  # subscribed at call time
+    await f.aclose()
+    assert rig.bus.subscriber_count() == 0
+
+
+# -- follow_fleet ------------------------------------------------------------------------------
+
+
+async def test_fleet_replay_then_tail_in_ordinal_order(rig: Rig) -> None:
+    await rig.emit("a", 20)
+    await rig.emit("b", 20)
+    await rig.emitter.flush()
+    total = 40 + 3 * 800
+
+    async def producer() -> None:
+        for i in range(800):
+            for agent in ("a", "b", "c"):
+                await rig.emitter.emit("ws", agent, Output(chunk=str(i)))
+            if i % 10 == 0:
+                await asyncio.sleep(0)
+
+    prod = asyncio.create_task(producer())
+    got: list[StoredEvent] = []
+    async with follow_fleet(rig.store, rig.bus, page=33) as f:
+        async for se in f:
+            got.append(se)
+            if len(got) == total:
+                break
+    await prod
+    ordinals = [s.ordinal for s in got]
+    assert ordinals == sorted(ordinals) and len(set(ordinals)) == total
+    stored = await rig.store.replay_fleet()
+    assert [(s.ordinal, s.event) for s in stored] == [(s.ordinal, s.event) for s in got]
+    assert rig.bus.subscriber_count() == 0
+
+
+async def test_fleet_after_ordinal(rig: Rig) -> None:
+    await rig.emit("a", 5)
+    await rig.emit("b", 5)
+    await rig.emitter.flush()
+    all_ = await rig.store.replay_fleet()
+    f = follow_fleet(rig.store, rig.bus, all_[6].ordinal)
+    got = [await f.__anext__() for _ in range(3)]
+    assert [s.ordinal for s in got] == [s.ordinal for s in all_[7:]]
+    nxt = asyncio.create_task(f.__anext__())
+    await rig.emit("c", 1)
+    live = await asyncio.wait_for(nxt, 10)
+    assert live.event.agent_id == "c" and live.ordinal == all_[-1].ordinal + 1
+    await f.aclose()
+
+
+async def test_fleet_lag_self_heals_from_the_store(tiny: Rig) -> None:
+    await tiny.emit("a", 1)
+    await tiny.emitter.flush()
+    f = follow_fleet(tiny.store, tiny.bus, page=16)
+    got = [await f.__anext__()]
+    for agent in ("a", "b", "c"):
+        await tiny.emit(agent, 200)
+    await tiny.emitter.flush()
+    while len(got) < 601:
+        got.append(await asyncio.wait_for(f.__anext__(), 10))
+    await f.aclose()
+    stored = await tiny.store.replay_fleet()
+    assert [s.ordinal for s in got] == [s.ordinal for s in stored]
+
+
+async def test_fleet_gap_from_another_writer_is_read_back(rig: Rig) -> None:
+    f = follow_fleet(rig.store, rig.bus)
+    nxt = asyncio.create_task(f.__anext__())
+    await wait_until(lambda: rig.bus.subscriber_count() == 1)
+    other = await rig.store.append_batch([ev("x", 1), ev("y", 1)])  # not published here
+    await rig.emit("a", 1)
+    got = [await asyncio.wait_for(nxt, 10), await f.__anext__(), await f.__anext__()]
+    assert [s.ordinal for s in got] == [*other, other[-1] + 1]
+    assert [s.event.agent_id for s in got] == ["x", "y", "a"]
+    await f.aclose()
+
+
+async def test_fleet_skips_unpersisted_events(rig: Rig) -> None:
+    f = follow_fleet(rig.store, rig.bus)
+    nxt = asyncio.create_task(f.__anext__())
+    await wait_until(lambda: rig.bus.subscriber_count() == 1)
+    original = rig.store.append_batch
+
+    async def fail_once(events: Sequence[FleetEvent]) -> list[int]:
+        rig.store.append_batch = original  # type: ignore[method-assign]
+        raise StoreError("scripted failure")
+
+    rig.store.append_batch = fail_once  # type: ignore[method-assign]
+    await rig.emit("a", 1)
+    while rig.emitter.pending:  # the output fails, its marker is persisted by the next commit
+        await rig.emitter.flush()
+    await rig.emit("a", 1, prefix="ok")
+    first = await asyncio.wait_for(nxt, 10)
+    # The unpersisted output never shows; its stored loss marker does, then the next event.
+    assert first.event.kind.kind == "store_persist_failed"
+    second = await asyncio.wait_for(f.__anext__(), 10)
+    assert second.event.kind.kind == "output" and second.ordinal == first.ordinal + 1
+    await f.aclose()
+
+
+async def test_aclose_from_another_task_ends_a_waiting_consumer(rig: Rig) -> None:
+    f = follow_stream(rig.store, rig.bus, "a")
+    consumer = asyncio.create_task(_collect(f))
+    await rig.emit("a", 2)
+    await wait_until(lambda: rig.emitter.pending == 0)
+    await f.aclose()
+    got = await asyncio.wait_for(consumer, 10)
+    assert seqs(got) in ([], [1], [1, 2])
+    assert rig.bus.subscriber_count() == 0
