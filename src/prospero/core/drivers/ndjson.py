@@ -1,0 +1,412 @@
+"""NdjsonDriver: one caliban agent's TurnEvent stream over its per-agent socket (§4, §6.4).
+
+Per connection: resolve the endpoint (caliband `attach`), dial (Unix, or TCP+TLS+bearer), read
+lines. Every line goes through a `LineCursor`, which recognises the worker's replay of lines
+already consumed (exactly, also past the 1024-line replay window, see `line_cursor`); only new
+lines reach the `Normalizer`, whose events are awaited into the sink in wire order.
+
+Reconnects after EOF without a terminal `agent_finished`, or a connect/read error, with backoff
+`min(cap, base * 2^attempt) * jitter[0.5, 1.0)` (jitter a deterministic hash of agent id and
+attempt). `max_failures` consecutive failures (a connection that delivers a new line resets
+the count) end `run()` with `gave_up`; state is kept, so a later `run()` continues exactly.
+EOF (or any connection end) after the terminal event ends with `finished`; `close()` ends with
+`closed` between lines.
+
+Resume state (line cursor + normaliser state + terminal flag) is persisted through an optional
+`CursorStore` (the EventStore implements it): in the background while lines flow, at the end
+of every connection and when `run()` returns, and loaded by the first `run()`, so a restarted
+prosperod neither re-emits history nor loses its place. State is only ever saved between lines
+whose events have all been handed to the sink; after a crash of the process the events since
+the last save (at most ~`save_interval` seconds' worth) may be emitted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from typing import Any, Protocol
+
+import orjson
+
+from prospero.core import metrics as m
+from prospero.core.drivers.base import DriverExit, DriverOptions, DriverTarget, EventSink
+from prospero.core.drivers.line_cursor import DEFAULT_WINDOW, Gap, LineCursor, NewLine, line_digest
+from prospero.core.errors import ProsperoError, Unsupported
+from prospero.core.metrics import Metrics
+from prospero.core.normalize import Normalizer
+from prospero.core.transport import (
+    MAX_LINE,
+    OversizedLine,
+    close_writer,
+    open_endpoint,
+    read_line,
+    send_one_line,
+)
+from prospero.types.events import EventKind, StreamGap
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+class CursorStore(Protocol):
+    """Where drivers keep opaque resume state (the EventStore has these methods)."""
+
+    async def save_cursor(self, key: str, data: bytes) -> None: ...
+
+    async def load_cursor(self, key: str) -> bytes | None: ...
+
+
+def backoff_delay(agent_id: str, attempt: int, base: float, cap: float) -> float:
+    """`min(cap, base * 2^attempt) * jitter`, jitter in [0.5, 1.0) from a stable hash."""
+    h = hashlib.blake2b(f"{agent_id}\x00{attempt}".encode(), digest_size=8).digest()
+    jitter = 0.5 + 0.5 * (int.from_bytes(h, "big") / 2**64)
+    return min(cap, base * 2.0 ** min(max(attempt, 0), 62)) * jitter
+
+
+class NdjsonDriver:
+    """AgentDriver for caliban's NDJSON attach stream."""
+
+    protocol = "ndjson"
+
+    def __init__(
+        self,
+        target: DriverTarget,
+        sink: EventSink,
+        options: DriverOptions,
+        metrics: Metrics,
+        cursor_store: CursorStore | None = None,
+        *,
+        cursor_window: int = DEFAULT_WINDOW,
+        save_interval: float = 1.0,
+        terminal_eof_timeout: float = 5.0,
+    ) -> None:
+        self.target = target
+        self.sink = sink
+        self.options = options
+        self.metrics = metrics
+        self.cursor_store = cursor_store
+        self.save_interval = save_interval
+        self.terminal_eof_timeout = terminal_eof_timeout
+        self.cursor: LineCursor[bytes | None] = LineCursor(cursor_window)
+        self.normalizer = Normalizer(options, metrics)
+        self._terminal = False
+        self._closing = False
+        self._close_event = asyncio.Event()
+        self._loaded = cursor_store is None
+        self._running = False
+        self._run_task: asyncio.Task[Any] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._writer: asyncio.StreamWriter | None = None
+        # persistence bookkeeping
+        self._version = 0  # bumped per processed batch of cursor output
+        self._saved_version = 0
+        self._in_batch = False
+        self._batch_interrupted = False
+        self._save_lock = asyncio.Lock()
+        # observations (tests, ops)
+        self.connections = 0
+        self.discarded_lines = 0
+
+    # ---- AgentDriver ----------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """The terminal `agent_finished` has been emitted."""
+        return self._terminal
+
+    async def run(self) -> DriverExit:
+        if self._running:
+            raise RuntimeError(f"driver for {self.target.agent_id} is already running")
+        self._running = True
+        self._run_task = asyncio.current_task()
+        self._idle.clear()
+        saver = asyncio.create_task(self._saver(), name=f"ndjson-saver-{self.target.agent_id}")
+        try:
+            result = await self._run()
+            await self._save()
+            return result
+        except BaseException:
+            # Cancelled or the sink failed. Only a state that matches what the sink has seen
+            # is saved: never while a batch is half delivered.
+            if not self._batch_interrupted:
+                with contextlib.suppress(Exception):
+                    await self._save()
+            raise
+        finally:
+            saver.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await saver
+            self._running = False
+            self._run_task = None
+            self._idle.set()
+
+    async def send_input(self, text: str) -> None:
+        await self._send({"type": "UserMessage", "text": text})
+
+    async def end_input(self) -> None:
+        await self._send({"type": "EndInput"})
+
+    async def cancel_turn(self) -> None:
+        raise Unsupported("NDJSON agents cannot cancel a turn; kill instead")
+
+    async def close(self) -> None:
+        """Stop `run()` between lines (it returns `closed`) and persist the state."""
+        self._closing = True
+        self._close_event.set()
+        if self._writer is not None:
+            self._writer.transport.abort()
+        if self._running:
+            if asyncio.current_task() is not self._run_task:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), 10.0)
+        else:
+            await self._save()
+
+    # ---- main loop ------------------------------------------------------------------------
+
+    async def _run(self) -> DriverExit:
+        await self._load_once()
+        if self._closing:
+            return DriverExit.closed
+        if self._terminal:
+            return DriverExit.finished
+        failures = 0
+        while True:
+            got_new = await self._connection()
+            if self._closing:
+                return DriverExit.closed
+            if self._terminal:
+                await self._process([])  # an empty batch flushes a held-back tool_started
+                return DriverExit.finished
+            if got_new:
+                failures = 0
+            failures += 1
+            if failures >= self.options.max_failures:
+                log.warning(
+                    "agent %s: giving up after %d consecutive failed connections",
+                    self.target.agent_id,
+                    failures,
+                )
+                return DriverExit.gave_up
+            delay = backoff_delay(
+                self.target.agent_id,
+                failures - 1,
+                self.options.backoff_base,
+                self.options.backoff_cap,
+            )
+            self.metrics.inc(m.ATTACH_RECONNECTS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._close_event.wait(), delay)
+            if self._closing:
+                return DriverExit.closed
+
+    async def _connection(self) -> bool:
+        """One connection: dial, read until EOF/error/close. True if it delivered a new line."""
+        agent = self.target.agent_id
+        conn = await self._dial()
+        if conn is None:
+            return False
+        reader, writer = conn
+        if self._closing:
+            writer.transport.abort()
+            return False
+        self._writer = writer
+        self.connections += 1
+        self.cursor.begin_connection()
+        got_new = False
+        try:
+            while not self._closing:
+                try:
+                    if self._terminal:
+                        line = await asyncio.wait_for(read_line(reader), self.terminal_eof_timeout)
+                    else:
+                        line = await read_line(reader)
+                except OversizedLine as e:
+                    log.debug("agent %s: read a %d-byte line (over the line limit)", agent, e.size)
+                    items = self.cursor.push(e.digest, None)
+                except TimeoutError:
+                    log.info("agent %s: no EOF after the terminal event; done", agent)
+                    break
+                except (OSError, ValueError, asyncio.IncompleteReadError) as e:
+                    log.info("agent %s: attach stream read failed: %s", agent, e)
+                    break
+                else:
+                    if line is None:
+                        break
+                    items = self.cursor.push(line_digest(line), line)
+                if items:
+                    got_new = got_new or any(isinstance(i, NewLine) for i in items)
+                    await self._process(items)
+        finally:
+            self._writer = None
+            dropped = self.cursor.end_connection()
+            if dropped:
+                self.discarded_lines += dropped
+                log.info(
+                    "agent %s: connection ended before its replay overlap was verified; "
+                    "%d undecided lines will be replayed",
+                    agent,
+                    dropped,
+                )
+            if self._closing:
+                writer.transport.abort()
+            else:
+                await close_writer(writer)
+        await self._save()
+        return got_new
+
+    async def _dial(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """Resolve and dial, abandoned as soon as close() is called. None on failure."""
+
+        async def attempt() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            endpoint = await self.target.resolve_endpoint()
+            return await open_endpoint(endpoint, self.target.security)
+
+        task = asyncio.create_task(attempt())
+        closer = asyncio.create_task(self._close_event.wait())
+        try:
+            await asyncio.wait({task, closer}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # run() itself was cancelled: leave nothing behind
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait({task})
+            if task.done() and not task.cancelled() and task.exception() is None:
+                task.result()[1].transport.abort()
+            raise
+        finally:
+            closer.cancel()
+        if not task.done():  # close() won the race
+            task.cancel()
+            await asyncio.wait({task})
+        if task.cancelled():
+            return None
+        exc = task.exception()
+        if exc is not None:
+            if isinstance(exc, ProsperoError | OSError | ValueError):
+                log.info("agent %s: cannot attach: %s", self.target.agent_id, exc)
+            else:
+                log.warning("agent %s: cannot attach: %r", self.target.agent_id, exc)
+            return None
+        return task.result()
+
+    async def _process(self, items: list[NewLine[bytes | None] | Gap]) -> None:
+        self._in_batch = True
+        try:
+            await self._process_items(items)
+        except BaseException:
+            # The sink saw only part of this batch: never persist a state that claims it all.
+            self._batch_interrupted = True
+            raise
+        finally:
+            self._version += 1
+            self._in_batch = False
+
+    async def _process_items(self, items: list[NewLine[bytes | None] | Gap]) -> None:
+        agent = self.target.agent_id
+        for item in items:
+            if isinstance(item, Gap):
+                self.metrics.inc(m.STREAM_GAPS)
+                log.warning("agent %s: stream gap: %s", agent, item.detail)
+                for ev in self.normalizer.flush():
+                    await self._emit(ev)
+                await self._emit(StreamGap(missing=item.missing, detail=item.detail))
+            elif item.payload is None:
+                self.metrics.inc(m.OVERSIZED_LINES)
+                log.warning("agent %s: skipped a line over the %d-byte limit", agent, MAX_LINE)
+            else:
+                for ev in self.normalizer.feed(item.payload):
+                    await self._emit(ev)
+        if not items:
+            for ev in self.normalizer.flush():
+                await self._emit(ev)
+
+    async def _emit(self, ev: EventKind) -> None:
+        if ev.kind == "agent_finished":
+            self._terminal = True
+        await self.sink(ev)
+
+    # ---- steering -------------------------------------------------------------------------
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        endpoint = await self.target.resolve_endpoint()
+        await send_one_line(endpoint, self.target.security, orjson.dumps(frame))
+
+    # ---- persistence ----------------------------------------------------------------------
+
+    def _snapshot(self) -> bytes:
+        return orjson.dumps(
+            {
+                "v": STATE_VERSION,
+                "protocol": self.protocol,
+                "cursor": self.cursor.state(),
+                "normalizer": self.normalizer.state(),
+                "terminal": self._terminal,
+            }
+        )
+
+    async def _save(self) -> None:
+        """Persist the state if it changed since the last save. Never raises."""
+        store = self.cursor_store
+        if store is None or self._in_batch or self._batch_interrupted or not self._loaded:
+            return
+        async with self._save_lock:
+            version = self._version
+            if version == self._saved_version:
+                return
+            data = self._snapshot()  # taken synchronously: consistent with the sink
+            try:
+                await store.save_cursor(self.target.agent_id, data)
+            except Exception as e:
+                log.warning("agent %s: cannot save the stream cursor: %s", self.target.agent_id, e)
+                return
+            self._saved_version = max(self._saved_version, version)
+
+    async def _saver(self) -> None:
+        if self.cursor_store is None:
+            return
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(max(0.01, self.save_interval - (time.monotonic() - last)))
+            last = time.monotonic()
+            await self._save()
+
+    async def _load_once(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        store = self.cursor_store
+        assert store is not None
+        try:
+            data = await store.load_cursor(self.target.agent_id)
+        except Exception as e:
+            log.warning("agent %s: cannot load the stream cursor: %s", self.target.agent_id, e)
+            return
+        if not data:
+            return
+        try:
+            state = orjson.loads(data)
+            if not isinstance(state, dict) or state.get("v") != STATE_VERSION:
+                raise ValueError(f"unsupported cursor state version {state!r:.40}")
+            cursor: LineCursor[bytes | None] = LineCursor(self.cursor.window)
+            cursor.restore(state.get("cursor"))
+        except (ValueError, orjson.JSONDecodeError) as e:
+            log.warning(
+                "agent %s: ignoring an unreadable stream cursor (history may repeat): %s",
+                self.target.agent_id,
+                e,
+            )
+            return
+        self.cursor = cursor
+        self.normalizer.restore(state.get("normalizer"))
+        self._terminal = state.get("terminal") is True
+        log.info(
+            "agent %s: resuming the stream after %d lines%s",
+            self.target.agent_id,
+            cursor.seen,
+            " (finished)" if self._terminal else "",
+        )
