@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from prospero.core.discovery import canonical_root
 from prospero.types.model import Source
 
-
-def canonical_root(root: str) -> str:
-    """Resolve symlinks once (best effort: a missing path is kept as given, made absolute).
-
-    The same string is hashed for the caliband socket name and passed as --workspace-root.
-    """
-    p = Path(os.path.expanduser(root))
-    try:
-        return str(p.resolve(strict=True))
-    except OSError:
-        return str(p.absolute())
+__all__ = ["canonical_root", "discover_sources"]
 
 
 def discover_sources(root: str) -> list[Source]:
