@@ -1,0 +1,865 @@
+"""A faithful fake `caliband` control server (caliband-wire.md §1-§2, §10).
+
+Speaks the real NDJSON control protocol over a real Unix socket, or TCP with TLS and the
+bearer-token preamble, and runs one FakeAgentWorker per agent for the session plane.
+
+In-process (tests):
+
+    fake = await FakeCaliband.start_unix(path, root=repo)
+    ...
+    await fake.stop()
+
+As a process (stands in for a real caliband binary, e.g. behind autostart):
+
+    python -m prospero.testkit.fake_caliband [--socket PATH] [--workspace-root DIR] [--script FILE]
+    python -m prospero.testkit.fake_caliband --listen HOST:PORT --tls-cert F --tls-key F --token T
+
+Without `--socket` the control socket is derived from `--workspace-root` exactly as caliband
+does (prospero.core.discovery). Prints `ready <endpoint>` once listening; runs until SIGINT,
+SIGTERM or a `shutdown` request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import re
+import shutil
+import signal
+import ssl
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from prospero.core.discovery import socket_path_for
+from prospero.core.transport import MAX_LINE, describe
+from prospero.core.wire.control import (
+    CTL_REQUEST_ADAPTER,
+    AgentRecord,
+    AttachAckReply,
+    AttachReq,
+    Endpoint,
+    ErrorReply,
+    InternalErr,
+    InvalidStateErr,
+    KilledReply,
+    KillReq,
+    ListedReply,
+    ListReq,
+    NotFoundErr,
+    RemovedReply,
+    ReportStatusReq,
+    RespawnedReply,
+    RespawnReq,
+    RmReq,
+    ShutdownAckReply,
+    ShutdownReq,
+    SpawnedReply,
+    SpawnReq,
+    SpawnSpec,
+    StatusReply,
+    StatusReportedReply,
+    StatusReq,
+    TcpEndpoint,
+    UnixEndpoint,
+    encode_reply,
+)
+from prospero.testkit import scripts
+from prospero.testkit.certs import server_ssl_context
+from prospero.testkit.fake_agent import FakeAgentWorker, read_bearer_preamble, tcp_addr
+from prospero.types.model import AgentStatus
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_BOUND = 10.0
+REQUEST_KINDS = (
+    "list",
+    "spawn",
+    "attach",
+    "kill",
+    "respawn",
+    "rm",
+    "status",
+    "shutdown",
+    "report_status",
+)
+_ACTIVE = {AgentStatus.spawning, AgentStatus.running, AgentStatus.idle}
+_FLIPPABLE = {AgentStatus.running, AgentStatus.idle}
+_SOURCE_RE = re.compile(r"^[^/\\]+$")
+
+ScriptFor = Callable[[SpawnSpec], Sequence[dict[str, Any] | str]]
+
+
+class SpawnFailed(Exception):
+    """An `internal` error for the spawn reply."""
+
+
+@dataclass
+class _Agent:
+    record: AgentRecord
+    worker: FakeAgentWorker | None = None
+    worktree: Path | None = None
+    branch: str | None = None
+    git_dir: Path | None = None
+    cleaned: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class FakeCaliband:
+    def __init__(
+        self,
+        *,
+        root: str | os.PathLike[str] | None = None,
+        script_for: ScriptFor | None = None,
+        script: Sequence[dict[str, Any] | str] | None = None,
+        line_delay: float = 0.0,
+        ring_size: int = 1024,
+        data_dir: str | os.PathLike[str] | None = None,
+        advertise_host: str | None = None,
+        agent_port_base: int | None = None,
+        linger: float = 0.1,
+        start_paused: bool = False,
+    ) -> None:
+        self.linger = linger
+        # Workers of new agents start with playback paused (tests resume them via `workers`).
+        self.start_paused = start_paused
+        self.root: Path | None = Path(root) if root is not None else None
+        if script_for is None:
+            fixed = list(script) if script is not None else None
+            script_for = (
+                (lambda _spec: fixed)
+                if fixed is not None
+                else (lambda _s: scripts.default_script())
+            )
+        self.script_for: ScriptFor = script_for
+        self.line_delay = line_delay
+        self.ring_size = ring_size
+        self._owns_data_dir = data_dir is None
+        self.data_dir = (
+            Path(data_dir)
+            if data_dir is not None
+            else Path(tempfile.mkdtemp(prefix="fake-caliband-"))
+        )
+        self.advertise_host = advertise_host
+        self.agent_port_base = agent_port_base
+        self._next_port = agent_port_base
+        # observations / hooks
+        self.workers: dict[str, FakeAgentWorker] = {}  # every worker ever started, by agent id
+        self.received_specs: list[SpawnSpec] = []
+        self.received_attach_ids: list[str] = []
+        self.requests: list[BaseModel] = []  # every well-formed request, in arrival order
+        self.bad_requests: list[bytes] = []
+        self.list_count = 0
+        self.shutdown_count = 0
+        self.auth_failures = 0
+        self.oversized_requests = 0
+        self.connections_total = 0
+        # state
+        self._agents: dict[str, _Agent] = {}
+        self._server: asyncio.Server | None = None
+        self._unix_path: tuple[str, int] | None = None
+        self._ssl: ssl.SSLContext | None = None
+        self._token: str | None = None
+        self._tcp_host: str | None = None
+        self._endpoint: Endpoint | None = None
+        self._conns: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self._bg: set[asyncio.Task[Any]] = set()
+        self._started = time.monotonic()
+        self._last_started_at: dt.datetime | None = None
+        self._shutdown = asyncio.Event()
+        self._stopped = False
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    @classmethod
+    async def start_unix(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        root: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> FakeCaliband:
+        fake = cls(root=root, **kwargs)
+        await fake.listen_unix(str(path))
+        return fake
+
+    @classmethod
+    async def start_tcp(
+        cls,
+        host: str,
+        port: int,
+        cert_pem: bytes | None,
+        key_pem: bytes | None,
+        token: str | None,
+        *,
+        root: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> FakeCaliband:
+        """TCP control listener (port 0 = ephemeral). TLS when cert+key are given; without
+        them it serves plaintext, which only a fake allows. Agents get the same TLS + token."""
+        fake = cls(root=root, **kwargs)
+        await fake.listen_tcp(host, port, cert_pem, key_pem, token)
+        return fake
+
+    async def listen_unix(self, path: str) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._server = await asyncio.start_unix_server(
+            self._on_connect, path=path, limit=MAX_LINE + 1
+        )
+        self._unix_path = (path, os.stat(path).st_ino)
+        self._endpoint = UnixEndpoint(path=path)
+        self._shutdown.clear()  # listening again after a `shutdown` (a restarted daemon)
+
+    async def listen_tcp(
+        self, host: str, port: int, cert_pem: bytes | None, key_pem: bytes | None, token: str | None
+    ) -> None:
+        if (cert_pem is None) != (key_pem is None):
+            raise ValueError("TLS cert and key must be given together")
+        self._ssl = server_ssl_context(cert_pem, key_pem) if cert_pem and key_pem else None
+        self._token = token
+        self._tcp_host = host
+        self._server = await asyncio.start_server(
+            self._on_connect,
+            host=host,
+            port=port,
+            ssl=self._ssl,
+            ssl_handshake_timeout=HANDSHAKE_BOUND if self._ssl else None,
+            limit=MAX_LINE + 1,
+        )
+        bound = int(self._server.sockets[0].getsockname()[1])
+        if self.advertise_host is None:
+            self.advertise_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        self._endpoint = TcpEndpoint(
+            addr=tcp_addr(host if host not in ("0.0.0.0", "", "::") else "127.0.0.1", bound)
+        )
+
+    @property
+    def endpoint(self) -> Endpoint:
+        if self._endpoint is None:
+            raise RuntimeError("FakeCaliband is not listening")
+        return self._endpoint
+
+    @property
+    def accepting(self) -> bool:
+        return self._server is not None
+
+    async def wait_shutdown(self) -> None:
+        """Returns once a `shutdown` request was served (or stop() was called)."""
+        await self._shutdown.wait()
+
+    def _stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._unix_path is not None:
+            path, ino = self._unix_path
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_ino == ino:
+                    os.unlink(path)
+            self._unix_path = None
+
+    async def stop(self) -> None:
+        """Stop listening, stop every worker, clean worktrees, drop the data dir we made."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop_accepting()
+        self._shutdown.set()
+        for w in list(self._conns.values()):
+            w.transport.abort()
+        if self._conns:
+            _, pending = await asyncio.wait(list(self._conns), timeout=2.0)
+            for t in pending:
+                t.cancel()
+        await asyncio.gather(*(w.stop() for w in self.workers.values()), return_exceptions=True)
+        for a in list(self._agents.values()):
+            self._schedule_cleanup(a)
+        if self._bg:
+            await asyncio.wait(list(self._bg), timeout=10.0)
+        if self._owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> FakeCaliband:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- test hooks -------------------------------------------------------------------------
+
+    @property
+    def agents(self) -> dict[str, AgentRecord]:
+        return {k: a.record for k, a in self._agents.items()}
+
+    def record(self, agent_id: str) -> AgentRecord:
+        return self._agents[agent_id].record
+
+    def status_of(self, agent_id: str) -> AgentStatus | None:
+        a = self._agents.get(agent_id)
+        return a.record.status if a else None
+
+    def set_status(self, agent_id: str, status: AgentStatus | str) -> None:
+        self._set_status(self._agents[agent_id], AgentStatus(status))
+
+    def set_interactive(self, agent_id: str, interactive: bool) -> None:
+        a = self._agents[agent_id]
+        a.record.spec.interactive = interactive
+        if a.worker is not None:
+            a.worker.interactive = interactive
+        self._write_manifest(a)
+
+    def remove_agent(self, agent_id: str) -> AgentRecord | None:
+        """Drop a record silently (its worker keeps running), e.g. to trigger `agent_gone`."""
+        a = self._agents.pop(agent_id, None)
+        return a.record if a else None
+
+    async def add_agent(
+        self,
+        *,
+        id: str | None = None,
+        name: str | None = None,
+        status: AgentStatus | str = AgentStatus.running,
+        spec: SpawnSpec | None = None,
+        script: Sequence[dict[str, Any] | str] | None = None,
+        started_at: str | None = None,
+        working_dir: str = "",
+        endpoint: Endpoint | None = None,
+        serve: bool = True,
+        start: bool = True,
+        interactive: bool | None = None,
+        line_delay: float | None = None,
+        ring_size: int | None = None,
+    ) -> AgentRecord:
+        """Register a pre-existing agent (as if spawned earlier by someone else).
+
+        With `serve` a FakeAgentWorker plays `script` (default: the §10 default script) on a
+        fresh per-agent endpoint; without it the record points at `endpoint` (or a dead path).
+        """
+        agent_id = id or self._new_id()
+        spec = spec or SpawnSpec(initial_prompt="pre-existing agent")
+        if interactive is not None:
+            spec.interactive = interactive
+        session_dir = self._make_session_dir(agent_id)
+        if endpoint is None and not serve:
+            endpoint = UnixEndpoint(path=str(self.data_dir / f"dead-{agent_id}.sock"))
+        record = AgentRecord(
+            id=agent_id,
+            name=name or spec.label or f"agent-{agent_id}",
+            status=AgentStatus(status),
+            started_at=started_at or self._now(),
+            session_dir=str(session_dir),
+            endpoint=endpoint or UnixEndpoint(path=""),
+            working_dir=working_dir,
+            spec=spec,
+        )
+        agent = _Agent(record=record)
+        self._agents[agent_id] = agent
+        if serve:
+            worker = self._make_worker(
+                agent,
+                list(script) if script is not None else scripts.default_script(),
+                line_delay=line_delay,
+                ring_size=ring_size,
+            )
+            record.endpoint = await self._serve_worker(worker)
+            if self.start_paused:
+                worker.pause()
+            if start:
+                worker.start()
+        self._write_manifest(agent)
+        return record
+
+    # --- connection handling ----------------------------------------------------------------
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns[task] = writer
+        self.connections_total += 1
+        shutdown = False
+        try:
+            if self._token is not None:
+                try:
+                    ok = await asyncio.wait_for(
+                        read_bearer_preamble(reader, self._token), HANDSHAKE_BOUND
+                    )
+                except (TimeoutError, OSError, asyncio.IncompleteReadError):
+                    ok = False
+                if not ok:
+                    self.auth_failures += 1
+                    log.info("fake caliband: dropped a connection (bad bearer preamble)")
+                    writer.transport.abort()
+                    return
+            while True:
+                last = False
+                try:
+                    line = await reader.readuntil(b"\n")
+                except asyncio.IncompleteReadError as e:
+                    line, last = e.partial, True
+                except asyncio.LimitOverrunError:
+                    self.oversized_requests += 1
+                    log.warning("fake caliband: request line over %d bytes, closing", MAX_LINE)
+                    break
+                if line.strip():
+                    reply, shutdown = await self._handle_line(line.strip())
+                    writer.write(_encode(reply))
+                    await writer.drain()
+                if last or shutdown:
+                    break
+        except (OSError, ssl.SSLError):
+            pass
+        except Exception:
+            log.exception("fake caliband: connection handler failed")
+        except asyncio.CancelledError:
+            # Outermost frame of a server-owned task: end quietly (a re-raised cancel makes
+            # Python 3.11's stream callback log a spurious traceback at loop teardown).
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            self._conns.pop(task, None)
+            if shutdown:
+                self._stop_accepting()
+                self._shutdown.set()
+
+    async def _handle_line(self, line: bytes) -> tuple[BaseModel, bool]:
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            return self._bad(line, str(e)), False
+        if not isinstance(obj, dict):
+            return self._bad(
+                line,
+                f"invalid type: {type(obj).__name__}, expected internally tagged enum CtlRequest",
+            ), False
+        if "kind" not in obj:
+            return self._bad(line, "missing field `kind`"), False
+        kind = obj["kind"]
+        if kind not in REQUEST_KINDS:
+            expected = ", ".join(f"`{k}`" for k in REQUEST_KINDS)
+            return self._bad(line, f"unknown variant `{kind}`, expected one of {expected}"), False
+        try:
+            req = CTL_REQUEST_ADAPTER.validate_python(obj)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err.get("loc", ()))
+            return self._bad(line, f"{err.get('msg', 'invalid')} at `{where}`"), False
+        self.requests.append(req)
+        try:
+            return await self._dispatch(req), isinstance(req, ShutdownReq)
+        except Exception as e:  # never let a handler bug kill the connection
+            log.exception("fake caliband: %s failed", kind)
+            return ErrorReply(error=InternalErr(message=f"{kind}: {e}")), False
+
+    def _bad(self, line: bytes, why: str) -> ErrorReply:
+        self.bad_requests.append(line)
+        log.info("fake caliband: bad request: %s", why)
+        return ErrorReply(error=InternalErr(message=f"bad request: {why}"))
+
+    async def _dispatch(self, req: BaseModel) -> BaseModel:
+        if isinstance(req, ListReq):
+            self.list_count += 1
+            records = sorted((a.record for a in self._agents.values()), key=lambda r: r.started_at)
+            return ListedReply(agents=[r.model_copy(deep=True) for r in records])
+        if isinstance(req, SpawnReq):
+            self.received_specs.append(req.spec)
+            try:
+                rec = await self._spawn(req.spec)
+            except SpawnFailed as e:
+                return ErrorReply(error=InternalErr(message=str(e)))
+            return SpawnedReply(id=rec.id, endpoint=rec.endpoint)
+        if isinstance(req, AttachReq):
+            self.received_attach_ids.append(req.id)
+            a = self._agents.get(req.id)
+            if a is None:
+                return ErrorReply(error=NotFoundErr(id=req.id))
+            return AttachAckReply(endpoint=a.record.endpoint)
+        if isinstance(req, KillReq):
+            a = self._agents.get(req.id)
+            if a is None:
+                return ErrorReply(error=NotFoundErr(id=req.id))
+            self._set_status(a, AgentStatus.killed)
+            if a.worker is not None:
+                await a.worker.stop()
+            return KilledReply()
+        if isinstance(req, RespawnReq):
+            old = self._agents.get(req.id)
+            if old is None:
+                return ErrorReply(error=NotFoundErr(id=req.id))
+            try:
+                rec = await self._spawn(old.record.spec.model_copy(deep=True), replacing=req.id)
+            except SpawnFailed as e:
+                return ErrorReply(error=InternalErr(message=str(e)))
+            return RespawnedReply(id=rec.id)
+        if isinstance(req, RmReq):
+            a = self._agents.get(req.id)
+            if a is None:
+                return ErrorReply(error=NotFoundErr(id=req.id))
+            if a.record.status not in (
+                AgentStatus.killed,
+                AgentStatus.done,
+                AgentStatus.failed,
+                AgentStatus.crashed,
+            ):
+                if not req.force:
+                    return ErrorReply(
+                        error=InvalidStateErr(op="rm", id=req.id, status=a.record.status.value)
+                    )
+                if a.worker is not None:
+                    await a.worker.stop()
+            self._agents.pop(req.id, None)
+            shutil.rmtree(a.record.session_dir, ignore_errors=True)
+            return RemovedReply()
+        if isinstance(req, StatusReq):
+            return StatusReply(
+                pid=os.getpid(),
+                agents=len(self._agents),
+                uptime_secs=int(time.monotonic() - self._started),
+                endpoint=self.endpoint,
+            )
+        if isinstance(req, ShutdownReq):
+            self.shutdown_count += 1
+            return ShutdownAckReply()
+        if isinstance(req, ReportStatusReq):
+            a = self._agents.get(req.id)
+            if a is not None and a.record.status in _FLIPPABLE and req.status in _FLIPPABLE:
+                self._set_status(a, req.status)
+            return StatusReportedReply()
+        raise AssertionError(f"unhandled request {req!r}")
+
+    # --- spawn ------------------------------------------------------------------------------
+
+    async def _spawn(self, spec: SpawnSpec, replacing: str | None = None) -> AgentRecord:
+        source = self._resolve_source(spec)
+        worktree: Path | None = None
+        branch: str | None = None
+        if spec.isolation_worktree:
+            worktree, branch = await self._create_worktree(source)
+        working_dir = worktree or source
+        agent_id = self._new_id()
+        session_dir = self._make_session_dir(agent_id)
+        record = AgentRecord(
+            id=agent_id,
+            name=spec.label or f"agent-{agent_id}",
+            status=AgentStatus.spawning,
+            started_at=self._now(),
+            session_dir=str(session_dir),
+            endpoint=UnixEndpoint(path=""),
+            working_dir=str(working_dir) if working_dir is not None else "",
+            spec=spec,
+        )
+        agent = _Agent(
+            record=record, worktree=worktree, branch=branch, git_dir=source if worktree else None
+        )
+        worker: FakeAgentWorker | None = self._make_worker(agent, list(self.script_for(spec)))
+        assert worker is not None
+        try:
+            record.endpoint = await self._serve_worker(worker)
+        except SpawnFailed:
+            self.workers.pop(agent_id, None)
+            self._schedule_cleanup(agent)
+            shutil.rmtree(session_dir, ignore_errors=True)
+            raise
+        except OSError as e:
+            log.warning("fake caliband: launching agent %s failed: %s", agent_id, e)
+            record.status = AgentStatus.failed
+            record.endpoint = self._placeholder_endpoint(agent_id)
+            self.workers.pop(agent_id, None)
+            worker = None
+            agent.worker = None
+            self._schedule_cleanup(agent)
+        if replacing is not None:
+            self._agents.pop(replacing, None)
+        self._agents[agent_id] = agent
+        if worker is not None:
+            self._set_status(agent, AgentStatus.running)
+            if self.start_paused:
+                worker.pause()
+            worker.start()
+        self._write_manifest(agent)
+        return record
+
+    def _resolve_source(self, spec: SpawnSpec) -> Path | None:
+        if spec.source is None:
+            return self.root
+        if not _SOURCE_RE.match(spec.source) or spec.source in (".", ".."):
+            raise SpawnFailed(f"source resolve: invalid source name {spec.source!r}")
+        if self.root is None:
+            raise SpawnFailed("source resolve: no workspace root")
+        path = self.root / spec.source
+        if not path.is_dir():
+            raise SpawnFailed(f"source resolve: {path} is not a directory")
+        return path
+
+    async def _git(self, cwd: Path, *args: str) -> tuple[int, str]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "git",
+                "-C",
+                str(cwd),
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as e:
+            return 127, str(e)
+        out, err = await proc.communicate()
+        return proc.returncode or 0, (err or out).decode(errors="replace").strip()
+
+    async def _create_worktree(self, source: Path | None) -> tuple[Path, str]:
+        if source is None:
+            raise SpawnFailed("worktree create: no workspace root configured")
+        name = uuid.uuid4().hex
+        wt = source / ".caliban" / "worktrees" / name
+        branch = f"caliban/{name}"
+        code, msg = await self._git(source, "worktree", "add", "-q", "-b", branch, str(wt), "HEAD")
+        if code != 0:
+            raise SpawnFailed(f"worktree create: {msg or f'git exited {code}'}")
+        return wt, branch
+
+    async def _remove_worktree(self, agent: _Agent) -> None:
+        if agent.worktree is None or agent.git_dir is None:
+            return
+        code, msg = await self._git(
+            agent.git_dir, "worktree", "remove", "--force", str(agent.worktree)
+        )
+        if code != 0:
+            log.warning("fake caliband: worktree remove failed: %s", msg)
+            shutil.rmtree(agent.worktree, ignore_errors=True)
+            await self._git(agent.git_dir, "worktree", "prune")
+        if agent.branch:
+            code, msg = await self._git(agent.git_dir, "branch", "-D", agent.branch)
+            if code != 0:
+                log.warning("fake caliband: branch delete failed: %s", msg)
+
+    def _schedule_cleanup(self, agent: _Agent) -> None:
+        if agent.cleaned or agent.worktree is None:
+            return
+        agent.cleaned = True
+        t = asyncio.get_running_loop().create_task(self._remove_worktree(agent))
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
+    # --- workers ----------------------------------------------------------------------------
+
+    def _make_worker(
+        self,
+        agent: _Agent,
+        script: list[dict[str, Any] | str],
+        *,
+        line_delay: float | None = None,
+        ring_size: int | None = None,
+    ) -> FakeAgentWorker:
+        rec = agent.record
+        worker = FakeAgentWorker(
+            rec.id,
+            script,
+            interactive=rec.spec.interactive,
+            ring_size=ring_size if ring_size is not None else self.ring_size,
+            line_delay=line_delay if line_delay is not None else self.line_delay,
+            on_status=lambda s: self._on_worker_status(agent, s),
+            on_exit=lambda code: self._on_worker_exit(agent, code),
+            transcript_path=Path(rec.session_dir) / "stdout.ndjson" if rec.session_dir else None,
+            linger=self.linger,
+        )
+        agent.worker = worker
+        self.workers[rec.id] = worker
+        return worker
+
+    async def _serve_worker(self, worker: FakeAgentWorker) -> Endpoint:
+        if self._tcp_host is None:
+            assert self._unix_path is not None or self._endpoint is not None
+            ctl = (
+                self._endpoint.path
+                if isinstance(self._endpoint, UnixEndpoint)
+                else str(self.data_dir / "ctl.sock")
+            )
+            path = str(Path(ctl).parent / "agents" / f"{uuid.uuid4().hex[:8]}-agent.sock")
+            return await worker.serve_unix(path)
+        port = 0
+        if self._next_port is not None:
+            if self._next_port > 65535:
+                raise SpawnFailed("agent port range exhausted")
+            port = self._next_port
+            self._next_port += 1
+        ep = await worker.serve_tcp(self._tcp_host, port, self._ssl, self._token)
+        _, bound = ep.host_port()
+        return TcpEndpoint(addr=tcp_addr(self.advertise_host or self._tcp_host, bound))
+
+    def _placeholder_endpoint(self, agent_id: str) -> Endpoint:
+        if self._tcp_host is None:
+            return UnixEndpoint(path=str(self.data_dir / f"dead-{agent_id}.sock"))
+        return TcpEndpoint(addr=tcp_addr(self.advertise_host or self._tcp_host, 1))
+
+    def _on_worker_status(self, agent: _Agent, status: str) -> None:
+        if self._agents.get(agent.record.id) is not agent:
+            return
+        new = AgentStatus(status)
+        if agent.record.status in _FLIPPABLE and new in _FLIPPABLE:
+            self._set_status(agent, new)
+
+    def _on_worker_exit(self, agent: _Agent, code: int) -> None:
+        if self._agents.get(agent.record.id) is agent and agent.record.status in _ACTIVE:
+            self._set_status(agent, AgentStatus.done if code == 0 else AgentStatus.failed)
+        self._schedule_cleanup(agent)
+
+    # --- records ----------------------------------------------------------------------------
+
+    def _set_status(self, agent: _Agent, status: AgentStatus) -> None:
+        if agent.record.status != status:
+            agent.record.status = status
+            self._write_manifest(agent)
+
+    def _write_manifest(self, agent: _Agent) -> None:
+        d = Path(agent.record.session_dir)
+        if not d.is_dir():
+            return
+        data = agent.record.model_dump(mode="json", exclude={"spec"})
+        data["spec"] = agent.record.spec.to_wire()
+        tmp = d / "manifest.json.tmp"
+        with contextlib.suppress(OSError):
+            tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+            tmp.replace(d / "manifest.json")
+
+    def _new_id(self) -> str:
+        while True:
+            agent_id = uuid.uuid4().hex[:12]
+            if agent_id not in self._agents and agent_id not in self.workers:
+                return agent_id
+
+    def _make_session_dir(self, agent_id: str) -> Path:
+        d = self.data_dir / "agents" / agent_id
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _now(self) -> str:
+        """RFC 3339 UTC, strictly increasing so `list` order is deterministic."""
+        now = dt.datetime.now(dt.UTC)
+        if self._last_started_at is not None and now <= self._last_started_at:
+            now = self._last_started_at + dt.timedelta(microseconds=1)
+        self._last_started_at = now
+        return now.isoformat()
+
+
+def _encode(reply: BaseModel) -> bytes:
+    """Like caliband's serializer: listed specs always carry `source` (null when unset)."""
+    if isinstance(reply, ListedReply):
+        agents = []
+        for a in reply.agents:
+            spec = a.spec.to_wire()
+            spec.setdefault("source", None)
+            agents.append({**a.model_dump(mode="json", exclude={"spec"}), "spec": spec})
+        return orjson.dumps({"kind": "listed", "agents": agents}) + b"\n"
+    return encode_reply(reply)
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="fake_caliband", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--workspace-root", default=None, help="workspace root (socket path is derived from it)"
+    )
+    p.add_argument(
+        "--socket", "--socket-path", dest="socket", default=None, help="control socket path"
+    )
+    p.add_argument("--script", default=None, help="NDJSON script every spawned agent plays")
+    p.add_argument("--line-delay", type=float, default=0.0, help="seconds between script lines")
+    p.add_argument("--data-base", default=None, help="where agent session dirs go")
+    p.add_argument(
+        "--listen", default=env("CALIBAN_DAEMON_LISTEN"), help="HOST:PORT (network mode)"
+    )
+    p.add_argument("--advertise-host", default=env("CALIBAN_DAEMON_ADVERTISE_HOST"))
+    p.add_argument("--agent-port-base", type=int, default=env("CALIBAN_DAEMON_AGENT_PORT_BASE"))
+    p.add_argument("--tls-cert", default=env("CALIBAN_DAEMON_TLS_CERT"))
+    p.add_argument("--tls-key", default=env("CALIBAN_DAEMON_TLS_KEY"))
+    p.add_argument("--token", default=env("CALIBAN_DAEMON_TOKEN"))
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+async def _amain(args: argparse.Namespace) -> int:
+    script = scripts.load_script(args.script) if args.script else None
+    kwargs: dict[str, Any] = {"script": script, "line_delay": args.line_delay}
+    if args.data_base:
+        kwargs["data_dir"] = args.data_base
+    root = args.workspace_root
+    if args.listen:
+        token = (args.token or "").strip()
+        if not token or not args.tls_cert or not args.tls_key:
+            print(
+                "fake_caliband: network mode needs --token, --tls-cert and --tls-key",
+                file=sys.stderr,
+            )
+            return 78
+        host, _, port = args.listen.rpartition(":")
+        if not host or not port.isdigit():
+            print(f"fake_caliband: bad --listen address {args.listen!r}", file=sys.stderr)
+            return 64
+        fake = await FakeCaliband.start_tcp(
+            host.strip("[]"),
+            int(port),
+            args.tls_cert_pem,
+            args.tls_key_pem,
+            token,
+            root=root,
+            advertise_host=args.advertise_host,
+            agent_port_base=args.agent_port_base,
+            **kwargs,
+        )
+    else:
+        if args.socket:
+            path = args.socket
+        elif root:
+            path = socket_path_for(root)  # hashed verbatim, as caliband does
+        else:
+            print("fake_caliband: need --socket or --workspace-root", file=sys.stderr)
+            return 64
+        Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fake = await FakeCaliband.start_unix(path, root=root, **kwargs)
+    print(f"ready {describe(fake.endpoint)}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(fake.wait_shutdown())]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for w in waiters:
+        w.cancel()
+    await fake.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    args.tls_cert_pem = Path(args.tls_cert).read_bytes() if args.tls_cert else None
+    args.tls_key_pem = Path(args.tls_key).read_bytes() if args.tls_key else None
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        return asyncio.run(_amain(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
