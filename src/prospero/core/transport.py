@@ -159,19 +159,15 @@ async def close_writer(writer: asyncio.StreamWriter) -> None:
         await asyncio.wait_for(writer.wait_closed(), 2.0)
 
 
-async def send_one_line(
-    endpoint: Endpoint, security: NetworkSecurity | None, line: bytes, drain_timeout: float = 1.0
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+async def _drain_and_close(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, drain_timeout: float
 ) -> None:
-    """Write one inbound frame on a fresh connection, as caliband-wire.md §4.3 prescribes:
-    no-delay, flush, half-close, then drain the replay until EOF or a short deadline."""
-    reader, writer = await open_endpoint(endpoint, security)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + drain_timeout
     try:
-        writer.write(line if line.endswith(b"\n") else line + b"\n")
-        await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + drain_timeout
         while (left := deadline - loop.time()) > 0:
             try:
                 chunk = await asyncio.wait_for(reader.read(65536), left)
@@ -179,8 +175,37 @@ async def send_one_line(
                 break
             if not chunk:
                 break
-    except OSError as e:
-        raise TransportError(f"sending to {describe(endpoint)} failed: {e}") from e
     finally:
         await close_writer(writer)
 
+
+async def send_one_line(
+    endpoint: Endpoint,
+    security: NetworkSecurity | None,
+    line: bytes,
+    drain_timeout: float = 1.0,
+    *,
+    wait: bool = False,
+) -> None:
+    """Write one inbound frame on a fresh connection, as caliband-wire.md §4.3 prescribes:
+    no-delay, flush, half-close, then drain the replay until EOF or a short deadline before
+    closing (closing with unread replay bytes would reset the connection and can lose the frame).
+
+    Returns once the frame is flushed to the kernel; the drain and close run in the background
+    unless `wait` is set.
+    """
+    reader, writer = await open_endpoint(endpoint, security)
+    try:
+        writer.write(line if line.endswith(b"\n") else line + b"\n")
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except OSError as e:
+        await close_writer(writer)
+        raise TransportError(f"sending to {describe(endpoint)} failed: {e}") from e
+    if wait:
+        await _drain_and_close(reader, writer, drain_timeout)
+        return
+    task = asyncio.get_running_loop().create_task(_drain_and_close(reader, writer, drain_timeout))
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
