@@ -1,0 +1,5 @@
+"""`python -m prospero.cli`."""
+
+from prospero.cli.main import main
+
+main()
