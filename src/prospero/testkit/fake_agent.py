@@ -173,6 +173,7 @@ class FakeAgentWorker:
         self._exit_started = False
         self._waiting_input = False
         self._turn_index = -1
+        self._model: str = scripts.DEFAULT_MODEL  # model of the last TurnStart, reused by replies
         self._transcript: IO[bytes] | None = None
         if transcript_path is not None:
             self._transcript = open(transcript_path, "ab")  # closed at exit
@@ -320,6 +321,8 @@ class FakeAgentWorker:
         ti = frame.get("turn_index")
         if isinstance(ti, int) and ti > self._turn_index:
             self._turn_index = ti
+        if frame.get("type") == "TurnStart" and isinstance(frame.get("model"), str):
+            self._model = frame["model"]
         self._emit(orjson.dumps(frame))
 
     async def _pace(self) -> None:
@@ -407,7 +410,11 @@ class FakeAgentWorker:
         self.replies_emitted += 1
         reply = f"echo: {text}"
         frames = [
-            scripts.turn_start(turn, message_id=f"msg_reply_{self.replies_emitted:04d}"),
+            scripts.turn_start(
+                turn,
+                message_id=f"msg_reply_{self.replies_emitted:04d}",
+                model=self._model,
+            ),
             scripts.text_delta(reply, turn, 0),
             scripts.turn_end(turn, content=[scripts.text_block(reply)]),
         ]
