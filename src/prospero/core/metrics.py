@@ -28,6 +28,15 @@ class Metrics:
             return self._gauges[name]
         return self._counters.get(name, 0)
 
+    def counters(self) -> dict[str, int]:
+        """Monotonic counters only (for typed exports such as Prometheus text)."""
+        with self._lock:
+            return dict(self._counters)
+
+    def gauges(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._gauges)
+
     def snapshot(self) -> dict[str, float]:
         with self._lock:
             out: dict[str, float] = dict(self._counters)

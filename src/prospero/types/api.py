@@ -83,6 +83,19 @@ class Capabilities(BaseModel):
     drive_protocols: list[DriveProtocol] = Field(default_factory=lambda: ["ndjson"])  # type: ignore[arg-type]
 
 
+class MetricsSnapshot(BaseModel):
+    """GET /api/metrics: process-lifetime counters (`active_attaches` is a gauge). The five
+    upstream names are always present; every other counter/gauge is included too."""
+
+    model_config = ConfigDict(extra="allow")
+
+    events_appended: int = 0
+    append_failures: int = 0
+    unknown_frames: int = 0
+    repos_polled: int = 0
+    active_attaches: int = 0
+
+
 class ErrorBody(BaseModel):
     error: str
     kind: str

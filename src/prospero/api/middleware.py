@@ -1,0 +1,194 @@
+"""Pure-ASGI middleware: request body limit and the access log.
+
+Pure ASGI (not BaseHTTPMiddleware) so SSE responses stream through untouched.
+
+Body limit: a declared `Content-Length` over the limit is refused before reading anything; a
+chunked body is buffered up to the limit and refused as soon as it goes over. Either way the
+answer is 413 in the `{error, kind}` envelope, for every endpoint, whether or not the endpoint
+reads its body (Starlette's lazy RequestBodyLimitMiddleware only fires when the body is read and
+answers in plain text, hence this eager variant). Bodies are ≤ 1 MiB, so buffering is cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from prospero.api.errors import envelope_bytes
+from prospero.core.metrics import Metrics
+
+access_log = logging.getLogger("prospero.api.access")
+
+API_REQUESTS = "api_requests"
+API_BODY_TOO_LARGE = "api_body_too_large"
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics | None = None) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+
+    async def _too_large(self, send: Send) -> None:
+        if self.metrics is not None:
+            self.metrics.inc(API_BODY_TOO_LARGE)
+        await _send_json(
+            send,
+            413,
+            envelope_bytes(
+                f"request body exceeds the {self.max_bytes} byte limit", "payload_too_large"
+            ),
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared: int | None = None
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _send_json(
+                        send, 400, envelope_bytes("invalid Content-Length", "invalid_request")
+                    )
+                    return
+        if declared is not None and declared > self.max_bytes:
+            await self._too_large(send)
+            return
+
+        chunks: list[bytes] = []
+        total = 0
+        first: Message | None = None
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                first = msg  # disconnect before the body was complete: hand it on
+                break
+            body = msg.get("body", b"")
+            total += len(body)
+            if total > self.max_bytes:
+                await self._too_large(send)
+                return
+            if body:
+                chunks.append(body)
+            if not msg.get("more_body", False):
+                break
+        replay: list[Message] = [
+            first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        ]
+
+        async def buffered_receive() -> Message:
+            if replay:
+                return replay.pop()
+            return await receive()
+
+        await self.app(scope, buffered_receive, send)
+
+
+class AccessLogMiddleware:
+    """One line per request: method, path (never the query string), status, duration, token
+    name. Streams are logged when they end."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics | None = None, enabled: bool = True):
+        self.app = app
+        self.metrics = metrics
+        self.enabled = enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.monotonic()
+        status = 0
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            if self.metrics is not None:
+                self.metrics.inc(API_REQUESTS)
+            if self.enabled:
+                state = scope.get("state") or {}
+                client = scope.get("client")
+                access_log.info(
+                    "%s %s %s",
+                    scope["method"],
+                    scope["path"],
+                    status or "-",
+                    extra={
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "status": status,
+                        "duration_ms": round((time.monotonic() - start) * 1000, 2),
+                        "token_name": state.get("token_name"),
+                        "client": f"{client[0]}:{client[1]}" if client else None,
+                    },
+                )
+
+
+_DISCONNECT_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+def _only_disconnect_errors(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_disconnect_errors(e) for e in exc.exceptions)
+    return isinstance(exc, _DISCONNECT_ERRORS)
+
+
+class StreamDisconnectGuard:
+    """Swallow the spurious error FastAPI's native SSE raises when a client disconnects from
+    a busy stream: its keep-alive task may be blocked sending into the response stream when
+    that stream is closed, and the task group re-raises `ExceptionGroup[BrokenResourceError]`
+    after the response has started, which uvicorn would log as "Exception in ASGI application"
+    on every ordinary disconnect (fastapi/fastapi discussion #15725). Nothing is lost: the
+    response was already streaming and its client is gone. Anything else propagates."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except BaseException as exc:
+            if started and _only_disconnect_errors(exc):
+                access_log.debug(
+                    "client went away mid-stream: %s %s", scope["method"], scope["path"]
+                )
+                return
+            raise

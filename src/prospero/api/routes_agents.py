@@ -1,0 +1,191 @@
+"""Per-agent operations, history and the per-agent SSE stream (prospero-surface.md §1.2, §1.5)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from starlette.responses import Response
+
+from prospero.api.deps import ApiState, api_state
+from prospero.api.errors import InvalidRequest
+from prospero.api.responses import empty, errors, json_response
+from prospero.api.sse import StreamSession, encode_agent_item
+from prospero.core.errors import AgentNotFound
+from prospero.core.subscription import follow_stream
+from prospero.types.api import AgentInputBody, RespawnedResponse
+from prospero.types.events import FleetEvent
+from prospero.types.model import Agent
+
+router = APIRouter(tags=["agents"])
+
+State = Annotated[ApiState, Depends(api_state)]
+FromQuery = Annotated[int, Query(alias="from", ge=0, le=2**62, description="first seq/ordinal")]
+
+
+def parse_last_event_id(value: str | None) -> int | None:
+    if value is None or not value.strip():
+        return None
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise InvalidRequest("Last-Event-ID must be a non-negative integer") from None
+    if n < 0:
+        raise InvalidRequest("Last-Event-ID must be a non-negative integer")
+    return n
+
+
+def agent_resume(
+    from_: FromQuery = 0,
+    last_event_id: Annotated[str | None, Header(description="resume after this seq")] = None,
+) -> int:
+    """First seq to send: `Last-Event-ID + 1` when the header is present, else `from`."""
+    last = parse_last_event_id(last_event_id)
+    return last + 1 if last is not None else from_
+
+
+@router.get("/api/agents/{agent_id}", response_model=Agent, responses=errors(404))
+async def get_agent(st: State, agent_id: str) -> Response:
+    return json_response(st.manager.get_agent(agent_id))
+
+
+@router.delete(
+    "/api/agents/{agent_id}",
+    status_code=204,
+    response_class=Response,
+    responses=errors(404, 409, 503),
+    summary="Remove an agent (caliband rm); history stays readable via /events",
+)
+async def remove_agent(
+    st: State, agent_id: str, force: Annotated[bool, Query()] = False
+) -> Response:
+    await st.manager.remove(agent_id, force=force)
+    return empty(204)
+
+
+@router.get(
+    "/api/agents/{agent_id}/events",
+    response_model=list[FleetEvent],
+    responses=errors(404),
+    summary="Stored history (seq >= from); 404 only if there is none and the agent is not live",
+)
+async def agent_events(
+    st: State,
+    agent_id: str,
+    from_: FromQuery = 0,
+    limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+) -> Response:
+    events = await st.store.replay(agent_id, from_, limit)
+    if not events:
+        try:
+            st.manager.get_agent(agent_id)
+        except AgentNotFound:
+            if await st.store.high_water(agent_id) == 0:
+                raise
+    return json_response([e.to_json() for e in events])
+
+
+async def agent_session(
+    st: State, agent_id: str, start: Annotated[int, Depends(agent_resume)]
+) -> AsyncIterator[StreamSession]:
+    """The connection's follower, released when the response ends (even on disconnect)."""
+    follower = follow_stream(st.store, st.bus, agent_id, start, close_on_finish=True)
+    session = st.hub.open(follower, encode_agent_item)
+    try:
+        yield session
+    finally:
+        await session.close()
+
+
+@router.get(
+    "/api/agents/{agent_id}/stream",
+    response_class=EventSourceResponse,
+    summary="SSE: replay then tail one agent's events; closes after agent_finished",
+    description=(
+        "Each event is an unnamed message `data: <FleetEvent>` with `id: <seq>`. Resume with "
+        "`?from=N` (seq >= N) or the `Last-Event-ID` header (after that seq; wins over `from`). "
+        "A slow consumer gets a named `gap` event `{skipped, last_seq}` followed by the missed "
+        "events. Unknown agent ids are not an error: the stream waits. With API auth on, "
+        "`?access_token=` is accepted here (EventSource cannot set headers)."
+    ),
+)
+async def agent_stream(
+    agent_id: str, session: Annotated[StreamSession, Depends(agent_session)]
+) -> AsyncIterable[ServerSentEvent]:
+    async for msg in session.messages():
+        yield msg
+
+
+@router.post(
+    "/api/agents/{agent_id}/kill",
+    status_code=202,
+    response_class=Response,
+    responses=errors(404, 409, 503),
+)
+async def kill(st: State, agent_id: str) -> Response:
+    await st.manager.kill(agent_id)
+    return empty(202)
+
+
+@router.post(
+    "/api/agents/{agent_id}/respawn",
+    response_model=RespawnedResponse,
+    responses=errors(404, 409, 503),
+    summary="Respawn with the same spec; returns the new agent id",
+)
+async def respawn(st: State, agent_id: str) -> Response:
+    new_id = await st.manager.respawn(agent_id)
+    return json_response(RespawnedResponse(agent_id=new_id))
+
+
+@router.post(
+    "/api/agents/{agent_id}/input",
+    status_code=202,
+    response_class=Response,
+    responses=errors(404, 409, 422, 503),
+)
+async def send_input(st: State, agent_id: str, body: AgentInputBody) -> Response:
+    await st.manager.send_input(agent_id, body.text)
+    return empty(202)
+
+
+@router.post(
+    "/api/agents/{agent_id}/end-input",
+    status_code=202,
+    response_class=Response,
+    responses=errors(404, 409, 503),
+)
+async def end_input(st: State, agent_id: str) -> Response:
+    await st.manager.end_input(agent_id)
+    return empty(202)
+
+
+@router.post(
+    "/api/agents/{agent_id}/cancel",
+    status_code=202,
+    response_class=Response,
+    responses=errors(404, 409, 503),
+    summary="Cancel the current turn (ACP agents; 409 for NDJSON agents)",
+)
+async def cancel(st: State, agent_id: str) -> Response:
+    await st.manager.cancel_turn(agent_id)
+    return empty(202)
+
+
+@router.post(
+    "/api/agents/{agent_id}/drain",
+    status_code=202,
+    response_class=Response,
+    responses=errors(404),
+    summary="End input, wait up to timeout_ms for the agent to finish, then kill (background)",
+)
+async def drain(
+    st: State,
+    agent_id: str,
+    timeout_ms: Annotated[int, Query(ge=0, le=24 * 3600 * 1000)] = 30_000,
+) -> Response:
+    st.manager.get_agent(agent_id)  # 404 now, not in the background
+    st.spawn_background(st.manager.drain(agent_id, timeout_ms / 1000), name=f"drain-{agent_id}")
+    return empty(202)

@@ -1,0 +1,173 @@
+"""Fleet snapshot, the fleet-wide SSE stream and usage (prospero-surface.md §1.2, §1.6)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from starlette.responses import Response
+
+from prospero.api.deps import ApiState, api_state
+from prospero.api.errors import InvalidRequest
+from prospero.api.responses import clean_workspace, dump, errors, json_response
+from prospero.api.routes_agents import FromQuery, parse_last_event_id
+from prospero.api.sse import StreamSession, encode_fleet_item
+from prospero.core.store.base import UsageDay
+from prospero.core.subscription import follow_fleet
+from prospero.types.api import (
+    UsageBucket,
+    UsageGroup,
+    UsageOutcomes,
+    UsageReport,
+)
+from prospero.types.model import FleetSnapshot
+
+router = APIRouter(tags=["fleet"])
+
+State = Annotated[ApiState, Depends(api_state)]
+
+MAX_USAGE_DAYS = 3660
+
+
+@router.get("/api/fleet", response_model=FleetSnapshot)
+async def fleet(st: State) -> Response:
+    data = dump(st.manager.snapshot())
+    for ws in data["workspaces"]:
+        clean_workspace(ws)
+    return json_response(data)
+
+
+def fleet_resume(
+    from_: FromQuery = 0,
+    last_event_id: Annotated[str | None, Header(description="resume after this ordinal")] = None,
+) -> int:
+    """Ordinal to resume after: `Last-Event-ID` when present, else `from - 1`."""
+    last = parse_last_event_id(last_event_id)
+    return last if last is not None else max(from_ - 1, 0)
+
+
+async def fleet_session(
+    st: State, after: Annotated[int, Depends(fleet_resume)]
+) -> AsyncIterator[StreamSession]:
+    session = st.hub.open(follow_fleet(st.store, st.bus, after), encode_fleet_item)
+    try:
+        yield session
+    finally:
+        await session.close()
+
+
+@router.get(
+    "/api/stream",
+    response_class=EventSourceResponse,
+    summary="SSE: replay then tail every stream in store order",
+    description=(
+        "Each event is an unnamed message `data: <FleetEvent>` with `id: <store ordinal>`. "
+        "Resume with `?from=N` (ordinal >= N) or `Last-Event-ID` (after that ordinal; wins over "
+        "`from`). Events the store failed to persist have no ordinal and are not part of this "
+        "feed. With API auth on, `?access_token=` is accepted here."
+    ),
+)
+async def fleet_stream(
+    session: Annotated[StreamSession, Depends(fleet_session)],
+) -> AsyncIterable[ServerSentEvent]:
+    async for msg in session.messages():
+        yield msg
+
+
+# ---------------------------------------------------------------------------------- usage
+
+
+def ts_string(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def parse_ts(value: str, name: str) -> datetime:
+    try:
+        dt = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an RFC 3339 timestamp, got {value!r}") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC)
+
+
+def usage_window(
+    since: str | None, until: str | None, days: int | None, now: datetime | None = None
+) -> tuple[datetime, datetime]:
+    until_dt = parse_ts(until, "until") if until else (now or datetime.now(UTC))
+    if since:
+        since_dt = parse_ts(since, "since")
+    else:
+        span = min(max(days if days is not None else 7, 1), MAX_USAGE_DAYS)
+        since_dt = until_dt - timedelta(days=span)
+    return since_dt, until_dt
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    if a is None and b is None:
+        return None
+    return (a or 0) + (b or 0)
+
+
+def _addf(a: float | None, b: float | None) -> float | None:
+    if a is None and b is None:
+        return None
+    return round((a or 0.0) + (b or 0.0), 10)
+
+
+def build_report(since: str, until: str, rows: list[UsageDay]) -> UsageReport:
+    groups: dict[str, UsageGroup] = {}
+    for row in sorted(rows, key=lambda r: (r.workspace, r.day)):
+        outcomes = UsageOutcomes(
+            **{k: int(v) for k, v in row.outcomes.items() if k in UsageOutcomes.model_fields}
+        )
+        bucket = UsageBucket(
+            day=row.day,
+            input_tokens=row.input_tokens,
+            output_tokens=row.output_tokens,
+            cost_usd=row.cost_usd,
+            turns=row.turns,
+            runs=row.runs,
+            outcomes=outcomes,
+        )
+        g = groups.get(row.workspace)
+        if g is None:
+            g = groups[row.workspace] = UsageGroup(workspace=row.workspace)
+        g.input_tokens = _add(g.input_tokens, bucket.input_tokens)
+        g.output_tokens = _add(g.output_tokens, bucket.output_tokens)
+        g.cost_usd = _addf(g.cost_usd, bucket.cost_usd)
+        g.turns += bucket.turns
+        g.runs += bucket.runs
+        for k in UsageOutcomes.model_fields:
+            setattr(g.outcomes, k, getattr(g.outcomes, k) + getattr(outcomes, k))
+        g.series.append(bucket)
+    return UsageReport(since=since, until=until, groups=[groups[k] for k in sorted(groups)])
+
+
+@router.get(
+    "/api/usage",
+    response_model=UsageReport,
+    responses=errors(422, 500),
+    summary="Tokens, cost, turns, runs and outcomes per workspace per UTC day",
+    description=(
+        "Window: `until` (RFC 3339, default now) and `since` (default `until - days`, days "
+        "defaults to 7, at least 1). Read from per-day aggregates maintained at ingest, so "
+        "whole UTC days are counted: every day touched by [since, until). Token and cost sums "
+        "are null when nothing in the bucket reported them."
+    ),
+)
+async def usage(
+    st: State,
+    since: Annotated[str | None, Query(max_length=64)] = None,
+    until: Annotated[str | None, Query(max_length=64)] = None,
+    days: Annotated[int | None, Query(ge=-(10**6), le=10**6)] = None,
+) -> Response:
+    since_dt, until_dt = usage_window(since, until, days)
+    since_day = since_dt.date().isoformat()
+    # `until` is exclusive: an until of exactly midnight does not include that day.
+    until_day = (until_dt - timedelta(microseconds=1)).date().isoformat()
+    rows = await st.store.usage(since_day, until_day) if since_day <= until_day else []
+    return json_response(build_report(ts_string(since_dt), ts_string(until_dt), rows))

@@ -1,0 +1,156 @@
+"""Run the API with uvicorn inside the caller's asyncio loop, with our shutdown order.
+
+`ApiServer` binds its own socket (so port 0 works and the bound port is known before serving),
+disables uvicorn's signal capture (the daemon owns SIGTERM/SIGINT) and its access log (ours
+never writes query strings, which may carry `access_token`).
+
+Shutdown (`stop()`): stop accepting connections, end SSE streams and background API tasks,
+wait (bounded) for in-flight requests; the caller then stops the Runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+from collections.abc import Generator
+
+import uvicorn
+from fastapi import FastAPI
+
+from prospero.api.app import api_state_of
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The daemon installs its own handlers; uvicorn must neither replace nor re-raise them.
+        yield
+
+
+def is_loopback(host: str) -> bool:
+    h = host.strip().strip("[]")
+    if h.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind a listening TCP socket (IPv4 or IPv6 by the host's form). Raises OSError."""
+    h = host.strip("[]")
+    infos = socket.getaddrinfo(h, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    last: OSError | None = None
+    for family, stype, proto, _canon, addr in infos:
+        sock = socket.socket(family, stype, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            sock.listen(2048)
+            sock.setblocking(False)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+    raise last or OSError(f"cannot bind {host}:{port}")
+
+
+class ApiServer:
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str = "127.0.0.1",
+        port: int = 7878,
+        *,
+        graceful_timeout: float = 10.0,
+    ) -> None:
+        self.app = app
+        self.host = host
+        self.requested_port = port
+        self.graceful_timeout = graceful_timeout
+        self._sock: socket.socket | None = None
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._sock is not None, "server not started"
+        return int(self._sock.getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        host = self.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def bind(self) -> None:
+        """Bind the listening socket now (raises OSError), so a busy port fails fast."""
+        if self._sock is None:
+            self._sock = bind_socket(self.host, self.requested_port)
+
+    def close_socket(self) -> None:
+        if self._sock is not None and self._server is None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+    def force_exit(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._server.force_exit = True
+
+    async def start(self) -> None:
+        """Bind (if not yet) and serve; returns once uvicorn accepts connections."""
+        self.bind()
+        assert self._sock is not None
+        config = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            server_header=False,
+            timeout_graceful_shutdown=max(1, round(self.graceful_timeout)),
+            timeout_keep_alive=5,
+        )
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]), name="uvicorn")
+        while not self._server.started:
+            if self._task.done():
+                exc = self._task.exception() if not self._task.cancelled() else None
+                raise RuntimeError(f"HTTP server failed to start: {exc!r}")
+            await asyncio.sleep(0.01)
+        log.info("listening on %s", self.url)
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True  # closes the listener on the next tick
+        await api_state_of(self.app).shutdown()  # end SSE streams, cancel drains
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), self.graceful_timeout + 5)
+        except TimeoutError:
+            log.warning("HTTP server did not stop in time; cancelling")
+            self._server.force_exit = True
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        except Exception:
+            log.exception("HTTP server failed while stopping")
+        finally:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.close()

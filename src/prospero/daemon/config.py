@@ -1,0 +1,404 @@
+"""prosperod configuration: flags > `PROSPERO_*` environment > TOML file > defaults.
+
+Every setting has one canonical key, used as the TOML key (dashes or underscores), the flag
+(`--key-with-dashes`) and the env var (`PROSPERO_KEY`). Each source replaces a setting
+wholesale (e.g. `--default-env` flags replace `default_env` from the file; they do not merge).
+
+TOML example (`prosperod --config /etc/prospero/prosperod.toml`):
+
+    addr = "0.0.0.0:7878"
+    data_dir = "/var/lib/prospero"
+    poll_interval_ms = 1000
+    autostart = false
+    default_env = { OLLAMA_BASE_URL = "http://gpu:11434" }
+    api_token_file = "/etc/prospero/tokens"
+    rate_card = "/etc/prospero/rates.toml"
+    log_format = "json"
+
+API tokens: `--api-token-file FILE` (lines `name:token` or a bare `token`; `#` comments) and/or
+`PROSPERO_API_TOKEN` (named `env`). Both sources are combined. Binding a non-loopback address
+without any token is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from prospero.core.errors import InvalidConfig
+from prospero.core.fleet.local import CalibandNetworkConfig
+from prospero.core.ratecard import DEFAULT_RATES, Rate, RateCard
+from prospero.core.transport import NetworkSecurity
+from prospero.core.wire.control import TcpEndpoint
+from prospero.daemon.runtime import DaemonConfig, default_data_dir
+
+DEFAULT_ADDR = "127.0.0.1:7878"
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class ConfigError(Exception):
+    """A configuration problem: prosperod prints it and exits with status 2."""
+
+
+# ------------------------------------------------------------------------------ value parsers
+
+
+def parse_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{key}: expected a boolean, got {value!r}")
+
+
+def parse_int(value: Any, key: str, minimum: int = 0) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    try:
+        n = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if n < minimum:
+        raise ConfigError(f"{key}: must be >= {minimum}, got {n}")
+    return n
+
+
+def parse_addr(value: Any, key: str = "addr") -> tuple[str, int]:
+    """`HOST:PORT`, `[v6]:PORT`, or a URL like `http://127.0.0.1:7878` (the CLI's format)."""
+    s = str(value).strip()
+    if "://" in s:
+        parts = urlsplit(s)
+        if not parts.hostname or parts.port is None:
+            raise ConfigError(f"{key}: URL needs a host and a port, got {s!r}")
+        return parts.hostname, parts.port
+    host, sep, port = s.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {s!r}")
+    host = host.strip("[]")
+    p = int(port)
+    if p > 65535:
+        raise ConfigError(f"{key}: port out of range in {s!r}")
+    return host, p
+
+
+def parse_kv(item: str, key: str) -> tuple[str, str]:
+    k, sep, v = item.partition("=")
+    k = k.strip()
+    if not sep or not k:
+        raise ConfigError(f"{key}: expected KEY=VALUE, got {item!r}")
+    return k, v
+
+
+def parse_env_map(value: Any, key: str) -> dict[str, str]:
+    """A TOML table, a list of `K=V`, or (env var) a comma-separated `K=V,K2=V2`."""
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    if isinstance(value, str):
+        items = [p for p in value.split(",") if p.strip()]
+    elif isinstance(value, list | tuple):
+        items = [str(p) for p in value]
+    else:
+        raise ConfigError(f"{key}: expected KEY=VALUE pairs, got {value!r}")
+    return dict(parse_kv(p, key) for p in items)
+
+
+def parse_choice(value: Any, key: str, choices: Sequence[str]) -> str:
+    s = str(value).strip().lower()
+    if s not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+    return s
+
+
+# ------------------------------------------------------------------------------ settings table
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    help: str
+    kind: str = "str"  # str | int | bool | path | kv
+    env: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def env_name(self) -> str:
+        return "PROSPERO_" + self.key.upper()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("addr", f"HTTP bind HOST:PORT (default {DEFAULT_ADDR}; port 0 = ephemeral)"),
+    Setting("data_dir", "directory holding events.db (default: $XDG_DATA_HOME/prospero)", "path"),
+    Setting("host", "host label shown in fleet snapshots (default: local)"),
+    Setting("poll_interval_ms", "workspace poll cadence in ms (default 2000)", "int"),
+    Setting("autostart", "spawn caliband for workspaces that have none (default on)", "bool"),
+    Setting("caliband_bin", "caliband binary used by autostart (default: caliband)"),
+    Setting("default_env", "KEY=VALUE layered under every workspace's caliband env", "kv"),
+    Setting("retention_days", "prune events older than N days, hourly (0 = keep all)", "int"),
+    Setting("allow_acp", "allow spawning agents with drive protocol 'acp'", "bool"),
+    Setting("include_thinking", "keep the model's thinking output in the stream", "bool"),
+    Setting("caliband_addr", "one networked caliband HOST:PORT instead of Unix discovery"),
+    Setting("caliband_ca_file", "PEM CA to verify the networked caliband (enables TLS)", "path"),
+    Setting("caliband_token_file", "bearer token file for the networked caliband", "path"),
+    Setting("caliband_server_name", "TLS server name of the networked caliband"),
+    Setting("log_format", "text or json (default text)"),
+    Setting("log_level", "debug|info|warning|error (default info)"),
+    Setting("rate_card", "TOML/JSON file: model -> USD per million tokens", "path"),
+    Setting("api_token_file", "API tokens, one per line: `name:token` or `token`", "path"),
+    Setting("api_token", "a single API token (prefer the env var or a file)", "str"),
+)
+BY_KEY = {s.key: s for s in SETTINGS}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="prosperod",
+        description="Prospero daemon: HTTP API and control plane for caliban agents.",
+        epilog="Precedence: flags > PROSPERO_* environment > --config TOML file > defaults.",
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML config file (env: PROSPERO_CONFIG)")
+    for s in SETTINGS:
+        if s.key == "api_token":
+            continue  # never on the command line (it would show in `ps`)
+        dest = s.key
+        if s.kind == "bool":
+            p.add_argument(s.flag, dest=dest, action=argparse.BooleanOptionalAction, help=s.help)
+        elif s.kind == "kv":
+            p.add_argument(s.flag, dest=dest, action="append", metavar="KEY=VALUE", help=s.help)
+        else:
+            p.add_argument(s.flag, dest=dest, metavar=s.key.split("_")[-1].upper(), help=s.help)
+    return p
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    out: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = raw_key.replace("-", "_")
+        if key == "no_autostart":
+            key, value = "autostart", not parse_bool(value, raw_key)
+        if key not in BY_KEY:
+            raise ConfigError(f"config file {path}: unknown setting {raw_key!r}")
+        out[key] = value
+    return out
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for s in SETTINGS:
+        if s.env and s.env_name in environ:
+            out[s.key] = environ[s.env_name]
+    if "PROSPERO_NO_AUTOSTART" in environ and "autostart" not in out:
+        out["autostart"] = not parse_bool(environ["PROSPERO_NO_AUTOSTART"], "PROSPERO_NO_AUTOSTART")
+    return out
+
+
+def merged_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Raw values per key after precedence (flags > env > file); defaults not filled in."""
+    ns = vars(build_parser().parse_args(list(argv) if argv is not None else None))
+    config_path = ns.pop("config", None) or environ.get("PROSPERO_CONFIG") or None
+    merged: dict[str, Any] = {}
+    if config_path:
+        merged.update(_read_toml(Path(config_path).expanduser()))
+    merged.update(_from_env(environ))
+    merged.update(ns)
+    return merged
+
+
+TOKEN_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+
+
+def parse_token_file(path: Path) -> dict[str, str]:
+    """Lines `name:token` or bare `token` (named `token-<line>`); blank lines and `#` comments
+    are skipped. A line whose part before the first `:` is not a plain name
+    (`[A-Za-z0-9_.@-]{1,64}`) is a bare token; so a bare token that contains `:` after a
+    name-like prefix must be written with an explicit name (`ci:abc:def`)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read API token file {path}: {e.strerror or e}") from None
+    tokens: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, token = line.partition(":")
+        if not sep or not TOKEN_NAME.match(name.strip()):
+            name, token = f"token-{lineno}", line
+        name, token = name.strip(), token.strip()
+        if not token:
+            raise ConfigError(f"API token file {path}, line {lineno}: empty token")
+        if name in tokens:
+            raise ConfigError(f"API token file {path}, line {lineno}: duplicate name {name!r}")
+        tokens[name] = token
+    if not tokens:
+        raise ConfigError(f"API token file {path} holds no token")
+    return tokens
+
+
+_RATE_FIELDS = {
+    "input": "input_per_mtok",
+    "input_per_mtok": "input_per_mtok",
+    "output": "output_per_mtok",
+    "output_per_mtok": "output_per_mtok",
+    "cache_write": "cache_write_per_mtok",
+    "cache_write_per_mtok": "cache_write_per_mtok",
+    "cache_read": "cache_read_per_mtok",
+    "cache_read_per_mtok": "cache_read_per_mtok",
+}
+
+
+def load_rate_card(path: Path) -> RateCard:
+    """Model -> prices in USD per million tokens, layered over the built-in rates.
+
+    TOML (`[models."claude-sonnet-4-6"] input = 3.0  output = 15.0  cache_read = 0.3`) or JSON
+    (`{"models": {"m": {"input": 3, "output": 15}}}`); the `models` level is optional.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read rate card {path}: {e.strerror or e}") from None
+    try:
+        if path.suffix.lower() == ".json" or raw.lstrip().startswith(b"{"):
+            data = json.loads(raw)
+        else:
+            data = tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"rate card {path} is not valid TOML/JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"rate card {path}: expected a table of models")
+    models = data.get("models", data)
+    if not isinstance(models, dict):
+        raise ConfigError(f"rate card {path}: 'models' must be a table")
+    rates = dict(DEFAULT_RATES)
+    for model, spec in models.items():
+        if not isinstance(spec, dict):
+            raise ConfigError(f"rate card {path}: model {model!r} needs a table of prices")
+        fields: dict[str, float] = {}
+        for k, v in spec.items():
+            name = _RATE_FIELDS.get(str(k))
+            if name is None:
+                raise ConfigError(f"rate card {path}: model {model!r}: unknown price {k!r}")
+            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                raise ConfigError(f"rate card {path}: model {model!r}: {k} must be a number >= 0")
+            fields[name] = float(v)
+        if "input_per_mtok" not in fields or "output_per_mtok" not in fields:
+            raise ConfigError(f"rate card {path}: model {model!r} needs input and output prices")
+        rates[str(model)] = Rate(**fields)
+    return RateCard(rates=rates)
+
+
+def _caliband_network(values: Mapping[str, Any]) -> CalibandNetworkConfig | None:
+    addr = values.get("caliband_addr")
+    ca = values.get("caliband_ca_file")
+    token = values.get("caliband_token_file")
+    server_name = str(values.get("caliband_server_name") or "caliband")
+    if not addr:
+        if ca or token:
+            raise ConfigError("--caliband-ca-file/--caliband-token-file need --caliband-addr")
+        return None
+    host, port = parse_addr(addr, "caliband_addr")
+    if token and not ca:
+        raise ConfigError(
+            "refusing --caliband-token-file without --caliband-ca-file: the token would travel "
+            "in clear"
+        )
+    security: NetworkSecurity | None = None
+    if ca or token:
+        try:
+            security = NetworkSecurity.from_files(ca, token, server_name)
+        except OSError as e:
+            raise ConfigError(f"cannot read caliband TLS/token file: {e}") from None
+        except InvalidConfig as e:
+            raise ConfigError(f"caliband network config: {e}") from None
+    hp = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return CalibandNetworkConfig(endpoint=TcpEndpoint(addr=hp), security=security)
+
+
+def build_config(values: Mapping[str, Any]) -> DaemonConfig:
+    """Turn merged raw values into a DaemonConfig (validating every field)."""
+    cfg = DaemonConfig()
+    host, port = parse_addr(values.get("addr", DEFAULT_ADDR))
+    cfg.bind_host, cfg.port = host, port
+    if values.get("data_dir"):
+        cfg.data_dir = Path(str(values["data_dir"])).expanduser()
+    else:
+        cfg.data_dir = default_data_dir()
+    if "host" in values:
+        cfg.host_label = str(values["host"]) or "local"
+    if "poll_interval_ms" in values:
+        cfg.poll_interval = parse_int(values["poll_interval_ms"], "poll_interval_ms", 1) / 1000
+    if "autostart" in values:
+        cfg.autostart = parse_bool(values["autostart"], "autostart")
+    if "caliband_bin" in values:
+        cfg.caliband_bin = str(values["caliband_bin"])
+    if "default_env" in values:
+        cfg.default_env = parse_env_map(values["default_env"], "default_env")
+    if "retention_days" in values:
+        cfg.retention_days = parse_int(values["retention_days"], "retention_days", 0)
+    if "allow_acp" in values:
+        cfg.allow_acp = parse_bool(values["allow_acp"], "allow_acp")
+    if "include_thinking" in values:
+        cfg.include_thinking = parse_bool(values["include_thinking"], "include_thinking")
+    cfg.caliband_network = _caliband_network(values)
+    if "log_format" in values:
+        cfg.log_format = parse_choice(values["log_format"], "log_format", LOG_FORMATS)
+    if "log_level" in values:
+        cfg.log_level = parse_choice(values["log_level"], "log_level", LOG_LEVELS)
+    if values.get("rate_card"):
+        cfg.rate_card = load_rate_card(Path(str(values["rate_card"])).expanduser())
+    tokens: dict[str, str] = {}
+    if values.get("api_token_file"):
+        tokens.update(parse_token_file(Path(str(values["api_token_file"])).expanduser()))
+    single = str(values.get("api_token") or "").strip()
+    if single:
+        if "env" in tokens:
+            raise ConfigError("API token name 'env' is reserved for PROSPERO_API_TOKEN")
+        tokens["env"] = single
+    cfg.api_tokens = tokens
+    return cfg
+
+
+def validate(cfg: DaemonConfig) -> None:
+    """Start-up refusals that depend on several settings."""
+    from prospero.api.server import is_loopback
+
+    if not cfg.api_tokens and not is_loopback(cfg.bind_host):
+        raise ConfigError(
+            f"refusing to bind non-loopback address {cfg.bind_host} without an API token: "
+            "set PROSPERO_API_TOKEN or --api-token-file"
+        )
+
+
+def load_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> DaemonConfig:
+    env = os.environ if environ is None else environ
+    cfg = build_config(merged_settings(argv, env))
+    validate(cfg)
+    return cfg
