@@ -13,7 +13,7 @@ from prospero.core.caliband_client import CalibandClient
 from prospero.core.discovery import ensure_caliband
 from prospero.core.errors import CalibandUnreachable, TransportError
 from prospero.core.provider_env import resolve_env
-from prospero.core.transport import NetworkSecurity, open_endpoint, close_writer
+from prospero.core.transport import NetworkSecurity, close_writer, open_endpoint
 from prospero.core.wire.control import AgentRecord, Endpoint, SpawnedReply, SpawnSpec
 from prospero.types.model import RegisteredWorkspace
 
