@@ -541,7 +541,6 @@ async def test_spawn_record_shape_and_lifecycle(fake: FakeCaliband) -> None:
         initial_prompt="hi",
         label="fixer",
         tool_allowlist=["Read"],
-        drive_protocol="acp",
         permission_posture="supervised",
     )
     spawned = await client.spawn(spec)
@@ -556,12 +555,13 @@ async def test_spawn_record_shape_and_lifecycle(fake: FakeCaliband) -> None:
     assert rec.status in (AgentStatus.running, AgentStatus.done)
     assert dt.datetime.fromisoformat(rec.started_at).tzinfo is not None
     assert _isdir(rec.session_dir)
-    assert rec.spec.drive_protocol == "acp" and rec.spec.permission_posture == "supervised"
+    assert rec.spec.drive_protocol == "ndjson" and rec.spec.permission_posture == "supervised"
     manifest = orjson.loads(_read(Path(rec.session_dir, "manifest.json")))
     assert manifest["id"] == spawned.id
     # the listed spec carries caliban's `source: null` and the Prospero additions
     (raw,) = (await raw_exchange(fake.endpoint, b'{"kind":"list"}\n'))[0]["agents"]
-    assert raw["spec"]["source"] is None and raw["spec"]["drive_protocol"] == "acp"
+    # (an ACP spawn's `drive_protocol` round trip: tests/testkit/test_fake_acp.py)
+    assert raw["spec"]["source"] is None and "drive_protocol" not in raw["spec"]
     # default script: TurnStart then RunEnd(EndOfTurn) -> done
     await fake.workers[spawned.id].wait_finished(5)
     assert types_of(fake.workers[spawned.id].history) == ["TurnStart", "RunEnd"]

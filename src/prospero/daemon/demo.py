@@ -13,6 +13,10 @@ What it sets up:
   the agents of `prospero.testkit.demo_scripts.DEMO_FLEET` spawned: text, thinking, tool calls
   with results, a failing tool, a failed run, a long run to `follow`, and an interactive agent
   waiting for input. Agents spawned later (API, CLI, dashboard) play a scripted session too.
+- ACP (ADR 0011; the demo runs with `allow_acp` on): the fake calibands serve ACP agents with a
+  scripted ACP peer (`acp_script_for`); the fleet includes an ACP agent (`DEMO_ACP_FLEET`,
+  seeded when prosperod has an ACP driver), and `prospero spawn WS "..." --drive-protocol acp`
+  works.
 
 It prints the URL and runs until Ctrl-C / SIGTERM, then shuts down cleanly and removes what it
 created (except a `--data-dir`).
@@ -39,7 +43,13 @@ from prospero.core.errors import ProsperoError
 from prospero.core.sources import canonical_root
 from prospero.daemon.main import EXIT_FAILURE, serve, setup_logging
 from prospero.daemon.runtime import DaemonConfig, Runtime
-from prospero.testkit.demo_scripts import DEMO_FLEET, DEMO_WORKSPACES, script_for
+from prospero.testkit.demo_scripts import (
+    DEMO_ACP_FLEET,
+    DEMO_FLEET,
+    DEMO_WORKSPACES,
+    acp_script_for,
+    script_for,
+)
 from prospero.testkit.fake_caliband import FakeCaliband
 from prospero.types.api import SpawnRequest
 
@@ -132,7 +142,11 @@ class Demo:
             fake_data = self.runtime_dir / f"cal-{name}"
             path = socket_path_for(root)
             fake = await FakeCaliband.start_unix(
-                path, root=root, script_for=script_for, data_dir=fake_data
+                path,
+                root=root,
+                script_for=script_for,
+                acp_script_for=acp_script_for,
+                data_dir=fake_data,
             )
             self.fakes[name] = fake
             self._watchers.append(
@@ -161,13 +175,18 @@ class Demo:
         assert mgr is not None
         for name, root in self.roots.items():
             await mgr.add_workspace(name, root)
-        for a in DEMO_FLEET:
+        fleet = list(DEMO_FLEET)
+        if "acp" not in mgr.driver_factory_names():
+            log.info("demo: no ACP driver in this build; not seeding the ACP agents")
+            fleet = [a for a in fleet if a.drive_protocol != "acp"]
+        for a in fleet:
             req = SpawnRequest(
                 prompt=a.prompt,
                 label=a.label,
                 model=a.model,
                 isolation="shared" if a.shared_tree else None,
                 interactive=a.interactive,
+                drive_protocol=a.drive_protocol,
             )
             try:
                 res = await mgr.spawn(a.workspace, req)
@@ -199,7 +218,16 @@ class Demo:
             if inter:
                 lines.append(f'    prospero{addr} send {inter} "Both, please"')
                 lines.append(f"    prospero{addr} end-input {inter}")
+            acp_labels = {a.label for a in DEMO_ACP_FLEET}
+            acp_agent = next((i for i, _w, lb in self.spawned if lb in acp_labels), None)
+            if acp_agent:
+                lines.append(f"    prospero{addr} follow {acp_agent}   # an ACP agent")
         lines.append(f'    prospero{addr} spawn payments-api "Add a health endpoint"')
+        if any(lb in {a.label for a in DEMO_ACP_FLEET} for _i, _w, lb in self.spawned):
+            lines.append(
+                f'    prospero{addr} spawn payments-api "Add a health endpoint" '
+                "--drive-protocol acp"
+            )
         lines.append(f"    prospero{addr} usage")
         return "\n".join(lines)
 

@@ -1,11 +1,20 @@
-"""Test kit: a faithful fake caliband (control plane + per-agent streams), TLS material and
-script builders. Importable lazily as `prospero.testkit.FakeCaliband` etc."""
+"""Test kit: a faithful fake caliband (control plane + per-agent streams, NDJSON or ACP), a
+scripted ACP agent, TLS material and script builders. Importable lazily as `prospero.testkit.FakeCaliband` etc."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CertBundle", "FakeAgentWorker", "FakeCaliband", "make_certs", "make_self_signed"]
+__all__ = [
+    "AcpAgentListener",
+    "AcpScript",
+    "CertBundle",
+    "FakeAcpAgent",
+    "FakeAgentWorker",
+    "FakeCaliband",
+    "make_certs",
+    "make_self_signed",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,6 +26,14 @@ def __getattr__(name: str) -> Any:
         from prospero.testkit.fake_agent import FakeAgentWorker
 
         return FakeAgentWorker
+    if name in ("FakeAcpAgent", "AcpAgentListener"):
+        from prospero.testkit import fake_acp
+
+        return getattr(fake_acp, name)
+    if name == "AcpScript":
+        from prospero.testkit.acp_scripts import AcpScript
+
+        return AcpScript
     if name in ("CertBundle", "make_certs", "make_self_signed"):
         from prospero.testkit import certs
 

@@ -10,6 +10,13 @@ card, so costs show up.
 `script_for(spec)` picks a session for agents spawned while the demo runs (API, CLI or
 dashboard): a keyword in the prompt selects a flavour, the default is a tool-using session
 about the prompt.
+
+ACP agents (ADR 0011, `drive_protocol: "acp"`) play an `AcpScript` instead (steps documented
+in `prospero.testkit.acp_scripts`), built with `AcpSession`: streamed text and thinking, tool
+calls with their real `rawInput` (sometimes arriving late, as real agents send it) and
+`rawOutput`, a plan, a `usage_update` with a USD cost, then `end_turn`. The fleet's ACP
+agents (`DEMO_ACP_FLEET`) are seeded when prosperod has an ACP driver; `acp_script_for(spec)`
+serves later ACP spawns.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from prospero.testkit import acp_scripts as acp
+from prospero.testkit.acp_scripts import AcpScript
 from prospero.testkit.scripts import Script, message, text_block
+from prospero.types.model import DriveProtocol
 
 DEMO_MODEL = "claude-sonnet-4-6"
 # Tokens a real agent spends on the system prompt and tool schemas before any message.
@@ -581,6 +591,280 @@ def generic_session(prompt: str, *, model: str = DEMO_MODEL, pace: float = 0.08)
     return s.finish("EndOfTurn")
 
 
+# ---------------------------------------------------------------------------- ACP sessions
+
+# Per-token prices used for the demo's cumulative `usage_update.cost` (sonnet-like, USD).
+_ACP_IN_PER_TOKEN = 3.0 / 1_000_000
+_ACP_OUT_PER_TOKEN = 15.0 / 1_000_000
+ACP_CONTEXT_SIZE = 200_000
+
+
+class AcpSession:
+    """Builds one ACP turn (a list of AcpScript steps) the way a real agent streams it."""
+
+    def __init__(
+        self, prompt: str, *, pace: float = 0.08, chunk: int = 48, id_prefix: str = "call"
+    ) -> None:
+        self.prompt = prompt
+        self.pace = pace
+        self.chunk = chunk
+        self.id_prefix = id_prefix
+        self.steps: list[dict[str, Any]] = []
+        self._seq = 0
+        self._used = BASE_CONTEXT_TOKENS + _tokens(prompt)
+        self._out = 0
+        self._msg = 0
+
+    def _sleep(self, secs: float) -> None:
+        if secs > 0:
+            self.steps.append(acp.sleep(round(secs, 3)))
+
+    def pause(self, secs: float) -> AcpSession:
+        self._sleep(secs)
+        return self
+
+    def think(self, text: str) -> AcpSession:
+        self._msg += 1
+        for piece in _chunks(text, self.chunk):
+            self.steps.append(acp.thought(piece, message_id=f"th_{self._msg:02d}"))
+            self._sleep(self.pace)
+        self._out += _tokens(text)
+        return self
+
+    def say(self, text: str) -> AcpSession:
+        self._msg += 1
+        for piece in _chunks(text, self.chunk):
+            self.steps.append(acp.text(piece, message_id=f"msg_{self._msg:02d}"))
+            self._sleep(self.pace)
+        self._out += _tokens(text)
+        return self
+
+    def plan(self, *entries: tuple[str, str]) -> AcpSession:
+        """Entries are (content, status); the whole plan is sent every time (ACP semantics)."""
+        self.steps.append(
+            acp.plan(*({"content": c, "priority": "medium", "status": st} for c, st in entries))
+        )
+        return self
+
+    def tool(
+        self,
+        kind: str,
+        title: str,
+        raw_input: dict[str, Any],
+        result: str,
+        *,
+        failed: bool = False,
+        runtime: float = 0.0,
+        late_input: bool = False,
+    ) -> AcpSession:
+        """A tool call: announced (with its input, or with the input in a later update, as
+        claude-agent-acp does), in progress, then completed/failed with rawOutput + content."""
+        self._seq += 1
+        tid = f"{self.id_prefix}_{self._seq:02d}"
+        self.steps.append(
+            acp.tool_call(
+                tid, title, kind, raw_input=None if late_input else raw_input, status="pending"
+            )
+        )
+        self._sleep(self.pace)
+        self.steps.append(
+            acp.tool_update(tid, status="in_progress", raw_input=raw_input if late_input else None)
+        )
+        self._sleep(runtime)
+        self.steps.append(
+            acp.tool_update(
+                tid, status="failed" if failed else "completed", raw_output=result, content=result
+            )
+        )
+        self._used += _tokens(json.dumps(raw_input)) + _tokens(result) + 12
+        self._sleep(self.pace)
+        return self
+
+    def ask(
+        self,
+        kind: str,
+        title: str,
+        raw_input: dict[str, Any],
+        result: str,
+        *,
+        denied_text: str,
+        runtime: float = 0.0,
+    ) -> AcpSession:
+        """A tool call that asks permission first: allowed -> it runs; denied -> failed."""
+        self._seq += 1
+        tid = f"{self.id_prefix}_{self._seq:02d}"
+        self.steps.append(acp.tool_call(tid, title, kind, raw_input=raw_input, status="pending"))
+        allowed = [
+            acp.tool_update(tid, status="in_progress"),
+            *([acp.sleep(runtime)] if runtime > 0 else []),
+            acp.tool_update(tid, status="completed", raw_output=result, content=result),
+        ]
+        denied = [
+            acp.tool_update(tid, status="failed", raw_output="Permission denied"),
+            acp.text(denied_text),
+        ]
+        self.steps.append(
+            acp.permission(
+                tid,
+                title=title,
+                kind=kind,
+                raw_input=raw_input,
+                on_allow=allowed,
+                on_reject=denied,
+            )
+        )
+        self._used += _tokens(json.dumps(raw_input)) + 12
+        return self
+
+    def usage(self) -> AcpSession:
+        self._used += self._out
+        cost = self._used * _ACP_IN_PER_TOKEN + self._out * _ACP_OUT_PER_TOKEN
+        self.steps.append(acp.usage(self._used, ACP_CONTEXT_SIZE, cost=round(cost, 6)))
+        return self
+
+    def finish(self, stop: str = "end_turn") -> list[dict[str, Any]]:
+        self.usage()
+        self.steps.append(acp.stop(stop))
+        return self.steps
+
+
+def acp_currency_audit(prompt: str, *, model: str = DEMO_MODEL, pace: float = 0.08) -> AcpScript:
+    """The seeded ACP agent: plan, thinking, a search, a read whose input arrives late, an
+    edit, a passing test run, a summary; later prompts are echoed."""
+    s = AcpSession(prompt, pace=pace, id_prefix="call_cur")
+    s.plan(
+        ("Find where refunds handle currencies", "in_progress"),
+        ("Reject unsupported currencies", "pending"),
+        ("Run the refund tests", "pending"),
+    )
+    s.think(
+        "Currencies are checked somewhere near the refund handler. Find every use of "
+        "SUPPORTED_CURRENCIES before touching anything."
+    )
+    s.say("I'll look for the currency handling first.")
+    s.tool(
+        "search",
+        "grep SUPPORTED_CURRENCIES src",
+        {"pattern": "SUPPORTED_CURRENCIES", "path": "src"},
+        'src/payments/refunds.py:6:SUPPORTED_CURRENCIES = {"EUR", "USD", "GBP"}',
+        runtime=0.3,
+    )
+    s.tool(
+        "read",
+        "Read src/payments/refunds.py",
+        {"path": "src/payments/refunds.py"},
+        REFUNDS_PY,
+        runtime=0.2,
+        late_input=True,
+    )
+    s.plan(
+        ("Find where refunds handle currencies", "completed"),
+        ("Reject unsupported currencies", "in_progress"),
+        ("Run the refund tests", "pending"),
+    )
+    s.say("The set is defined but never checked. Adding the check before booking.")
+    s.tool(
+        "edit",
+        "Edit src/payments/refunds.py",
+        {
+            "path": "src/payments/refunds.py",
+            "old_string": '    amount = body["amount"]\n',
+            "new_string": (
+                '    if body.get("currency") not in SUPPORTED_CURRENCIES:\n'
+                '        return error(422, "unsupported currency")\n'
+                '    amount = body["amount"]\n'
+            ),
+        },
+        "The file src/payments/refunds.py has been updated.",
+        runtime=0.2,
+    )
+    s.tool(
+        "execute",
+        "python -m pytest -q tests/test_refunds.py",
+        {"command": "python -m pytest -q tests/test_refunds.py"},
+        "........                                                                 [100%]\n"
+        "8 passed in 0.39s",
+        runtime=1.2,
+    )
+    s.plan(
+        ("Find where refunds handle currencies", "completed"),
+        ("Reject unsupported currencies", "completed"),
+        ("Run the refund tests", "completed"),
+    )
+    s.say(
+        "Done: refunds with a currency outside EUR/USD/GBP now get a 422 before anything is "
+        "booked, and the 8 refund tests pass."
+    )
+    return AcpScript(turns=[s.finish()], model=model)
+
+
+def acp_generic_session(prompt: str, *, model: str = DEMO_MODEL, pace: float = 0.08) -> AcpScript:
+    """The default for ACP agents spawned during the demo: explore, read, ask permission to
+    edit (prosperod's default policy denies it), report; later prompts are echoed."""
+    topic = " ".join(prompt.split())[:80] or "the task"
+    s = AcpSession(prompt, pace=pace, id_prefix="call_gen")
+    s.think(f"The task: {topic}. Look around before changing anything.")
+    s.say(f"Working on: {topic}. First, a look around.")
+    s.tool(
+        "search",
+        "Find Python files",
+        {"pattern": "**/*.py"},
+        "src/app.py\nsrc/util.py\ntests/test_app.py",
+        runtime=0.3,
+    )
+    s.tool("read", "Read src/app.py", {"path": "src/app.py"}, APP_PY, runtime=0.2, late_input=True)
+    s.say("One change is needed in `src/app.py`.")
+    s.ask(
+        "edit",
+        "Edit src/app.py",
+        {
+            "path": "src/app.py",
+            "old_string": "    # TODO: handle empty input\n",
+            "new_string": "    if not items:\n        return []\n",
+        },
+        "The file src/app.py has been updated.",
+        denied_text=" The edit was not permitted, so I left the file unchanged.",
+        runtime=0.2,
+    )
+    s.say(f" Finished “{topic}”.")
+    return AcpScript(turns=[s.finish()], model=model)
+
+
+def acp_long_session(
+    prompt: str, *, model: str = DEMO_MODEL, pace: float = 0.08, steps: int = 40
+) -> AcpScript:
+    """A ~1 minute ACP turn (try `cancel-turn` on it): a test run module by module."""
+    s = AcpSession(prompt, pace=pace, id_prefix="call_long")
+    s.say("Running the suite module by module.")
+    for i in range(1, steps + 1):
+        s.tool(
+            "execute",
+            f"pytest tests/test_mod_{i:02d}.py",
+            {"command": f"python -m pytest -q tests/test_mod_{i:02d}.py"},
+            f"{i % 7 + 3} passed",
+            runtime=1.2,
+        )
+        if i % 10 == 0:
+            s.say(f" {i} of {steps} modules pass.")
+    s.say(" All modules pass.")
+    return AcpScript(turns=[s.finish()], model=model)
+
+
+def acp_crash_session(prompt: str, *, model: str = DEMO_MODEL, pace: float = 0.08) -> AcpScript:
+    """The agent process dies mid-turn (exit 1): the turn ends with an error, agent failed."""
+    s = AcpSession(prompt, pace=pace, id_prefix="call_crash")
+    s.say("Starting the migration.")
+    s.tool("read", "Read pyproject.toml", {"path": "pyproject.toml"}, "[project]\n", runtime=0.3)
+    steps = [*s.steps, acp.sleep(0.5), acp.exit_(1)]
+    return AcpScript(turns=[steps], model=model)
+
+
+def acp_refusal_session(prompt: str, *, model: str = DEMO_MODEL, pace: float = 0.08) -> AcpScript:
+    s = AcpSession(prompt, pace=pace, id_prefix="call_ref")
+    s.say("I can't help with that request.")
+    return AcpScript(turns=[s.finish("refusal")], model=model)
+
+
 # ---------------------------------------------------------------------------- the seeded fleet
 
 
@@ -595,6 +879,8 @@ class DemoAgent:
     build: Callable[..., Script]
     interactive: bool = False
     shared_tree: bool = False
+    drive_protocol: DriveProtocol = "ndjson"
+    acp_build: Callable[..., AcpScript] | None = None
 
 
 DEMO_FLEET: tuple[DemoAgent, ...] = (
@@ -642,9 +928,23 @@ DEMO_FLEET: tuple[DemoAgent, ...] = (
         quick_summary,
         shared_tree=True,
     ),
+    DemoAgent(
+        "payments-api",
+        "acp-currency-audit",
+        "Make refunds reject unsupported currencies",
+        DEMO_MODEL,
+        generic_session,  # NDJSON fallback, unused: ACP agents play `acp_build`
+        drive_protocol="acp",
+        acp_build=acp_currency_audit,
+    ),
 )
 
-_SEEDED = {a.prompt: a for a in DEMO_FLEET}
+# The ACP agents of the fleet (the demo runs with allow_acp on; seeded when prosperod has an
+# ACP driver).
+DEMO_ACP_FLEET: tuple[DemoAgent, ...] = tuple(a for a in DEMO_FLEET if a.drive_protocol == "acp")
+
+_SEEDED = {a.prompt: a for a in DEMO_FLEET if a.drive_protocol == "ndjson"}
+_SEEDED_ACP = {a.prompt: a for a in DEMO_ACP_FLEET}
 
 
 # ---------------------------------------------------------------------------- selection
@@ -682,6 +982,30 @@ def script_for(spec: Any) -> Script:
     if "summar" in low:
         return quick_summary(prompt, **kw)
     return generic_session(prompt, **kw)
+
+
+def acp_script_for(spec: Any) -> AcpScript:
+    """Pick an ACP session for an ACP spawn made while the demo runs.
+
+    Keywords in the prompt: `fail`/`error`/`crash` -> the agent dies mid-turn (failed);
+    `refuse` -> a `refusal` stop; `long`/`slow`/`upgrade` -> a ~1 minute turn (cancel-turn
+    it); anything else -> a realistic session that asks permission to edit. Every later prompt
+    (`prospero send`) is echoed.
+    """
+    prompt = str(_get(spec, "initial_prompt") or _get(spec, "prompt") or "")
+    model = _get(spec, "model") or None
+    low = prompt.lower()
+    kw: dict[str, Any] = {"model": model} if model else {}
+    seeded = _SEEDED_ACP.get(prompt)
+    if seeded is not None and seeded.acp_build is not None:
+        return seeded.acp_build(prompt, model=model or seeded.model)
+    if any(w in low for w in ("fail", "error", "crash")):
+        return acp_crash_session(prompt, **kw)
+    if "refuse" in low:
+        return acp_refusal_session(prompt, **kw)
+    if any(w in low for w in ("long", "slow", "upgrade")):
+        return acp_long_session(prompt, **kw)
+    return acp_generic_session(prompt, **kw)
 
 
 # ---------------------------------------------------------------------------- file contents

@@ -14,6 +14,14 @@ As a process (stands in for a real caliband binary, e.g. behind autostart):
     python -m prospero.testkit.fake_caliband [--socket PATH] [--workspace-root DIR] [--script FILE]
     python -m prospero.testkit.fake_caliband --listen HOST:PORT --tls-cert F --tls-key F --token T
 
+ACP agents (`SpawnSpec.drive_protocol == "acp"`, ADR 0011): the per-agent endpoint (same
+allocation, same Unix or TLS + token rules) serves ACP instead of the NDJSON attach stream, via
+`prospero.testkit.fake_acp.AcpAgentListener`: a scripted `FakeAcpAgent` playing
+`acp_script_for(spec)` (default `acp_scripts.default_acp_script()`), or with `acp_command` /
+`--acp-command "node path/agent.js"` a bridge to a fresh stdio ACP process per connection.
+Status: `running` while the peer lives; `done` / `failed` when it exits 0 / non-zero (script
+`exit`, `session/close`, bridged process exit); `kill` -> `killed`.
+
 Without `--socket` the control socket is derived from `--workspace-root` exactly as caliband
 does (prospero.core.discovery). Prints `ready <endpoint>` once listening; runs until SIGINT,
 SIGTERM or a `shutdown` request.
@@ -28,6 +36,7 @@ import datetime as dt
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import ssl
@@ -38,7 +47,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -77,9 +86,13 @@ from prospero.core.wire.control import (
     encode_reply,
 )
 from prospero.testkit import scripts
+from prospero.testkit.acp_scripts import AcpScript, default_acp_script
 from prospero.testkit.certs import server_ssl_context
 from prospero.testkit.fake_agent import FakeAgentWorker, read_bearer_preamble, tcp_addr
 from prospero.types.model import AgentStatus
+
+if TYPE_CHECKING:
+    from prospero.testkit.fake_acp import AcpAgentListener
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +113,7 @@ _FLIPPABLE = {AgentStatus.running, AgentStatus.idle}
 _SOURCE_RE = re.compile(r"^[^/\\]+$")
 
 ScriptFor = Callable[[SpawnSpec], Sequence[dict[str, Any] | str]]
+AcpScriptFor = Callable[[SpawnSpec], AcpScript]
 
 
 class SpawnFailed(Exception):
@@ -110,6 +124,7 @@ class SpawnFailed(Exception):
 class _Agent:
     record: AgentRecord
     worker: FakeAgentWorker | None = None
+    acp: AcpAgentListener | None = None
     worktree: Path | None = None
     branch: str | None = None
     git_dir: Path | None = None
@@ -131,8 +146,20 @@ class FakeCaliband:
         agent_port_base: int | None = None,
         linger: float = 0.1,
         start_paused: bool = False,
+        acp_script_for: AcpScriptFor | None = None,
+        acp_command: Sequence[str] | None = None,
+        acp_load_session: bool = True,
     ) -> None:
         self.linger = linger
+        # ACP agents: a scripted FakeAcpAgent per agent, or a bridge to a stdio command.
+        self.acp_script_for: AcpScriptFor = acp_script_for or (lambda _s: default_acp_script())
+        # Bridged processes run in the agent's working dir: pin relative file arguments now.
+        self.acp_command: list[str] | None = (
+            [os.path.abspath(a) if os.path.exists(a) else a for a in acp_command]
+            if acp_command
+            else None
+        )
+        self.acp_load_session = acp_load_session
         # Workers of new agents start with playback paused (tests resume them via `workers`).
         self.start_paused = start_paused
         self.root: Path | None = Path(root) if root is not None else None
@@ -157,6 +184,7 @@ class FakeCaliband:
         self._next_port = agent_port_base
         # observations / hooks
         self.workers: dict[str, FakeAgentWorker] = {}  # every worker ever started, by agent id
+        self.acp_listeners: dict[str, AcpAgentListener] = {}  # every ACP agent's listener
         self.received_specs: list[SpawnSpec] = []
         self.received_attach_ids: list[str] = []
         self.requests: list[BaseModel] = []  # every well-formed request, in arrival order
@@ -284,6 +312,9 @@ class FakeCaliband:
             for t in pending:
                 t.cancel()
         await asyncio.gather(*(w.stop() for w in self.workers.values()), return_exceptions=True)
+        await asyncio.gather(
+            *(lst.stop() for lst in self.acp_listeners.values()), return_exceptions=True
+        )
         for a in list(self._agents.values()):
             self._schedule_cleanup(a)
         if self._bg:
@@ -341,11 +372,14 @@ class FakeCaliband:
         interactive: bool | None = None,
         line_delay: float | None = None,
         ring_size: int | None = None,
+        acp_script: AcpScript | None = None,
     ) -> AgentRecord:
         """Register a pre-existing agent (as if spawned earlier by someone else).
 
         With `serve` a FakeAgentWorker plays `script` (default: the §10 default script) on a
         fresh per-agent endpoint; without it the record points at `endpoint` (or a dead path).
+        A `spec` with `drive_protocol="acp"` gets an ACP listener instead (`acp_script`, else
+        `acp_script_for(spec)`, or the `acp_command` bridge).
         """
         agent_id = id or self._new_id()
         spec = spec or SpawnSpec(initial_prompt="pre-existing agent")
@@ -366,7 +400,10 @@ class FakeCaliband:
         )
         agent = _Agent(record=record)
         self._agents[agent_id] = agent
-        if serve:
+        if serve and spec.drive_protocol == "acp":
+            listener = self._make_acp_listener(agent, acp_script)
+            record.endpoint = await self._serve_worker(listener)
+        elif serve:
             worker = self._make_worker(
                 agent,
                 list(script) if script is not None else scripts.default_script(),
@@ -494,6 +531,8 @@ class FakeCaliband:
             self._set_status(a, AgentStatus.killed)
             if a.worker is not None:
                 await a.worker.stop()
+            if a.acp is not None:
+                await a.acp.stop()
             return KilledReply()
         if isinstance(req, RespawnReq):
             old = self._agents.get(req.id)
@@ -520,6 +559,8 @@ class FakeCaliband:
                     )
                 if a.worker is not None:
                     await a.worker.stop()
+                if a.acp is not None:
+                    await a.acp.stop()
             self._agents.pop(req.id, None)
             shutil.rmtree(a.record.session_dir, ignore_errors=True)
             return RemovedReply()
@@ -564,12 +605,17 @@ class FakeCaliband:
         agent = _Agent(
             record=record, worktree=worktree, branch=branch, git_dir=source if worktree else None
         )
-        worker: FakeAgentWorker | None = self._make_worker(agent, list(self.script_for(spec)))
+        worker: FakeAgentWorker | AcpAgentListener | None
+        if spec.drive_protocol == "acp":
+            worker = self._make_acp_listener(agent)
+        else:
+            worker = self._make_worker(agent, list(self.script_for(spec)))
         assert worker is not None
         try:
             record.endpoint = await self._serve_worker(worker)
         except SpawnFailed:
             self.workers.pop(agent_id, None)
+            self.acp_listeners.pop(agent_id, None)
             self._schedule_cleanup(agent)
             shutil.rmtree(session_dir, ignore_errors=True)
             raise
@@ -578,17 +624,20 @@ class FakeCaliband:
             record.status = AgentStatus.failed
             record.endpoint = self._placeholder_endpoint(agent_id)
             self.workers.pop(agent_id, None)
+            self.acp_listeners.pop(agent_id, None)
             worker = None
             agent.worker = None
+            agent.acp = None
             self._schedule_cleanup(agent)
         if replacing is not None:
             self._agents.pop(replacing, None)
         self._agents[agent_id] = agent
         if worker is not None:
             self._set_status(agent, AgentStatus.running)
-            if self.start_paused:
-                worker.pause()
-            worker.start()
+            if isinstance(worker, FakeAgentWorker):
+                if self.start_paused:
+                    worker.pause()
+                worker.start()
         self._write_manifest(agent)
         return record
 
@@ -680,7 +729,35 @@ class FakeCaliband:
         self.workers[rec.id] = worker
         return worker
 
-    async def _serve_worker(self, worker: FakeAgentWorker) -> Endpoint:
+    def _make_acp_listener(
+        self, agent: _Agent, script: AcpScript | None = None
+    ) -> AcpAgentListener:
+        """An ACP agent's listener: scripted peer, or the `acp_command` bridge."""
+        from prospero.testkit.fake_acp import AcpAgentListener, FakeAcpAgent
+
+        rec = agent.record
+        on_exit = lambda code: self._on_worker_exit(agent, code)  # noqa: E731
+        cwd = rec.working_dir or None
+        listener: AcpAgentListener
+        if self.acp_command is not None:
+            listener = AcpAgentListener(
+                rec.id, command=self.acp_command, on_exit=on_exit, cwd=cwd, linger=self.linger
+            )
+        else:
+            acp_script = script if script is not None else self.acp_script_for(rec.spec)
+            model = rec.spec.model
+            load = self.acp_load_session
+            listener = AcpAgentListener(
+                rec.id,
+                agent_factory=lambda: FakeAcpAgent(acp_script, load_session=load, model=model),
+                on_exit=on_exit,
+                linger=self.linger,
+            )
+        agent.acp = listener
+        self.acp_listeners[rec.id] = listener
+        return listener
+
+    async def _serve_worker(self, worker: FakeAgentWorker | AcpAgentListener) -> Endpoint:
         if self._tcp_host is None:
             assert self._unix_path is not None or self._endpoint is not None
             ctl = (
@@ -790,6 +867,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tls-cert", default=env("CALIBAN_DAEMON_TLS_CERT"))
     p.add_argument("--tls-key", default=env("CALIBAN_DAEMON_TLS_KEY"))
     p.add_argument("--token", default=env("CALIBAN_DAEMON_TOKEN"))
+    p.add_argument(
+        "--acp-command",
+        default=None,
+        help='bridge every ACP agent to this stdio ACP command, e.g. "node path/agent.js"',
+    )
+    p.add_argument("--acp-script", default=None, help="JSON AcpScript the scripted ACP agents play")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -797,6 +880,11 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 async def _amain(args: argparse.Namespace) -> int:
     script = scripts.load_script(args.script) if args.script else None
     kwargs: dict[str, Any] = {"script": script, "line_delay": args.line_delay}
+    if args.acp_command:
+        kwargs["acp_command"] = shlex.split(args.acp_command)
+    if args.acp_script:
+        acp_script = AcpScript.load(args.acp_script)
+        kwargs["acp_script_for"] = lambda _spec: acp_script
     if args.data_base:
         kwargs["data_dir"] = args.data_base
     root = args.workspace_root

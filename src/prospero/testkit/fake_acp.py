@@ -1,0 +1,946 @@
+"""A scripted ACP agent and a per-agent ACP listener (acp.md; ADR 0011).
+
+`FakeAcpAgent(script, load_session=True)` is an ACP agent built on the SDK's agent side
+(`acp.agent.connection.AgentSideConnection`) that plays an `AcpScript`
+(`prospero.testkit.acp_scripts` documents the script format). Serve it on any asyncio stream
+pair with `await agent.serve(reader, writer)`; one agent can serve many connections, one after
+the other or at once, and its sessions outlive a connection (so `session/load` works after a
+reconnect).
+
+Protocol behaviour:
+
+- `initialize` -> `protocolVersion: 1`, `agentCapabilities.loadSession` per the flag,
+  `sessionCapabilities.close: {}` when `close_session` (default on), `agentInfo`, no auth.
+- `session/new` -> a fresh `sessionId` (`sess-0001`, ...); the `cwd` is recorded. With a
+  `model`, the result carries a `configOptions` select of `category: "model"`.
+- `session/load` (only if advertised, else -32601) -> replays the session's history (a
+  `user_message_chunk` per prompt and every update the agent sent, in order) as
+  `session/update`s, then returns `{}`; the session is bound to the loading connection.
+  Unknown session -> -32002. Prompts for a session the connection did not create or load -> -32002.
+- `session/prompt` -> plays the next turn; the prompt's text blocks (joined) are recorded in
+  `prompts`. A second prompt while one runs on the same session -> -32600.
+- `session/cancel` -> recorded in `cancels`; the running turn stops at once (a `sleep` or a
+  pending permission request is abandoned) and the prompt returns `stopReason: cancelled`.
+- `session/close` (when advertised) -> cancels the running turn, closes the session (recorded
+  in `closes`) and, with `exit_on_close` (default), makes the agent exit 0 after answering.
+- Anything else -> JSON-RPC method-not-found.
+
+Observations: `prompts`, `permission_outcomes` (dicts: `session_id`, `tool_call_id`,
+`outcome` = `selected` | `cancelled` | `abandoned`, `option_id`, `allow`), `cancels`,
+`sessions` (id -> `FakeSession`), `loads`, `closes`, `stop_reasons`, `inits`,
+`connections_total`, `exit_code`.
+
+`AcpAgentListener(agent_id, agent_factory=..., command=...)` serves ACP on a Unix socket or on
+TCP + TLS + the `{"bearer": ...}` preamble (wrong token: dropped without a word), exactly like
+the caliban per-agent listener, then ACP's newline-delimited JSON-RPC:
+
+- with `agent_factory`, every connection is served by one scripted agent (the factory is
+  called once, at the first connection; `listener.agent`), so sessions survive a reconnect;
+  the listener finishes when the agent exits (`exit` step, or `session/close`);
+- with `command`, every connection is bridged byte for byte to a freshly spawned stdio ACP
+  process (own process group, stderr drained into `stderr_tail`). When the process exits on
+  its own (also within `eof_grace` after the client closed the connection, i.e. after stdin
+  EOF) the listener finishes with its exit code (signal N -> 128+N); when it has to be killed
+  because the client went away, the process group is killed and the listener keeps serving
+  (the next connection gets a new process).
+
+`stop()` is a kill: listener closed, connections cut, bridged processes killed, exit code 143.
+`exit_code`, `wait_finished()`, `on_exit(code)` report the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import ssl
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from acp.agent.connection import AgentSideConnection
+from acp.exceptions import RequestError
+from acp.schema import (
+    PermissionOption,
+    RequestPermissionResponse,
+    SessionNotification,
+    ToolCallUpdate,
+)
+
+from prospero.core.transport import STREAM_LIMIT
+from prospero.core.wire.control import Endpoint, TcpEndpoint, UnixEndpoint
+from prospero.testkit.acp_scripts import (
+    DEFAULT_PERMISSION_OPTIONS,
+    UNKNOWN_UPDATE_KIND,
+    AcpScript,
+    Step,
+)
+from prospero.testkit.fake_agent import SIGTERM_EXIT, read_bearer_preamble, tcp_addr
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+HANDSHAKE_BOUND = 10.0
+CLOSE_GRACE = 2.0
+EOF_GRACE = 2.0
+KILL_GRACE = 1.0
+READ_CHUNK = 64 * 1024
+AGENT_INFO = {"name": "prospero-fake-acp", "title": "Prospero fake ACP agent", "version": "1"}
+
+
+class _Hang(Exception):
+    """Internal: the turn must produce no response (crash / exit)."""
+
+
+@dataclass
+class FakeSession:
+    """One ACP session the fake agent holds (survives its connection)."""
+
+    id: str
+    cwd: str
+    history: list[dict[str, Any]] = field(default_factory=list)  # wire `update` objects
+    prompts: list[str] = field(default_factory=list)
+    closed: bool = False
+    conn: _Conn | None = field(default=None, repr=False)
+    turn_task: asyncio.Task[str] | None = field(default=None, repr=False)
+    cancel_requested: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.turn_task is not None and not self.turn_task.done()
+
+
+@dataclass(eq=False)
+class _Conn:
+    writer: asyncio.StreamWriter
+    asc: AgentSideConnection | None = None
+    sessions: set[str] = field(default_factory=set)
+
+
+def _text_of(prompt: Sequence[Any]) -> str:
+    parts: list[str] = []
+    for block in prompt:
+        t = block.get("text") if isinstance(block, dict) else getattr(block, "text", None)
+        if isinstance(t, str):
+            parts.append(t)
+    return "".join(parts)
+
+
+def _content_items(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "content", "content": {"type": "text", "text": content}}]
+    if isinstance(content, list):
+        return [dict(c) for c in content]
+    raise ValueError(f"tool content must be a str or a list, got {type(content).__name__}")
+
+
+def _tool_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"toolCallId": str(spec["id"])}
+    for src, dst in (
+        ("title", "title"),
+        ("kind", "kind"),
+        ("status", "status"),
+        ("raw_input", "rawInput"),
+        ("raw_output", "rawOutput"),
+        ("locations", "locations"),
+    ):
+        if src in spec and spec[src] is not None:
+            out[dst] = spec[src]
+    if spec.get("content") is not None:
+        out["content"] = _content_items(spec["content"])
+    return out
+
+
+def _option(o: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "optionId": str(o.get("option_id", o.get("optionId", ""))),
+        "name": str(o.get("name", o.get("option_id", o.get("optionId", "")))),
+        "kind": str(o.get("kind", "allow_once")),
+    }
+
+
+class FakeAcpAgent:
+    """A scripted ACP agent (see the module docstring and `acp_scripts`)."""
+
+    def __init__(
+        self,
+        script: AcpScript | None = None,
+        *,
+        load_session: bool = True,
+        close_session: bool = True,
+        exit_on_close: bool = True,
+        model: str | None = None,
+        agent_info: dict[str, Any] | None = None,
+    ) -> None:
+        self.script = script if script is not None else AcpScript()
+        self.load_session = load_session
+        self.close_session = close_session
+        self.exit_on_close = exit_on_close
+        self.model = model if model is not None else self.script.model
+        self.agent_info = dict(agent_info or AGENT_INFO)
+        # Set by a listener: called once with the exit code when the agent exits.
+        self.on_exit: Callable[[int], None] | None = None
+        # observations
+        self.prompts: list[str] = []
+        self.permission_outcomes: list[dict[str, Any]] = []
+        self.cancels: list[str] = []
+        self.sessions: dict[str, FakeSession] = {}
+        self.loads: list[str] = []
+        self.closes: list[str] = []
+        self.stop_reasons: list[str] = []
+        self.inits: list[dict[str, Any]] = []
+        self.bad_steps: list[Any] = []
+        self.connections_total = 0
+        self.exit_code: int | None = None
+        # state
+        self._turns = 0
+        self._session_seq = itertools.count(1)
+        self._conns: set[_Conn] = set()
+        self._conn_tasks: set[asyncio.Task[Any]] = set()
+        self._bg: set[asyncio.Task[Any]] = set()
+
+    # --- serving ----------------------------------------------------------------------------
+
+    @property
+    def active_connections(self) -> int:
+        return len(self._conns)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve ACP on one connection until it closes (returns then)."""
+        conn = _Conn(writer)
+        self._conns.add(conn)
+        self.connections_total += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self._conn_tasks.add(task)
+
+        def bind(c: Any) -> _ConnAgent:
+            conn.asc = c
+            return _ConnAgent(self, conn)
+
+        asc = AgentSideConnection(
+            cast(Any, bind), writer, reader, listening=False, use_unstable_protocol=True
+        )
+        try:
+            await asc.listen()
+        except (OSError, ssl.SSLError, ConnectionError):
+            pass
+        except Exception:
+            log.debug("fake acp agent: connection ended with an error", exc_info=True)
+        finally:
+            for sid in list(conn.sessions):
+                s = self.sessions.get(sid)
+                if s is not None and s.conn is conn:
+                    s.conn = None  # closing `asc` cancels its prompt handlers and their turns
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asc.close(), CLOSE_GRACE)
+            with contextlib.suppress(Exception):
+                writer.close()
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            self._conns.discard(conn)
+            if task is not None:
+                self._conn_tasks.discard(task)
+
+    async def close_connections(self, *, graceful: bool = True) -> None:
+        """Close every connection: graceful flushes what is queued, else abort (RST-like)."""
+        for c in list(self._conns):
+            if not graceful:
+                c.writer.transport.abort()
+                continue
+            if c.asc is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(c.asc.close(), CLOSE_GRACE)
+            with contextlib.suppress(Exception):
+                c.writer.close()
+        tasks = [t for t in self._conn_tasks if t is not asyncio.current_task()]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=CLOSE_GRACE)
+            for c in list(self._conns):
+                c.writer.transport.abort()
+            if pending:
+                await asyncio.wait(pending, timeout=0.5)
+
+    def _request_exit(self, code: int) -> None:
+        if self.exit_code is not None:
+            return
+        self.exit_code = code
+        if self.on_exit is not None:
+            try:
+                self.on_exit(code)
+            except Exception:
+                log.exception("fake acp agent: on_exit callback failed")
+            return
+        # Standalone: an exited agent keeps no connection.
+        self._spawn_bg(self.close_connections(graceful=True))
+
+    def _spawn_bg(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
+
+    # --- handlers (called through _ConnAgent) -----------------------------------------------
+
+    def _initialize(self, protocol_version: int, **kw: Any) -> dict[str, Any]:
+        self.inits.append({"protocol_version": protocol_version, **kw})
+        caps: dict[str, Any] = {"loadSession": self.load_session}
+        if self.close_session:
+            caps["sessionCapabilities"] = {"close": {}}
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": caps,
+            "agentInfo": self.agent_info,
+            "authMethods": [],
+        }
+
+    def _session_result(self) -> dict[str, Any]:
+        if self.model is None:
+            return {}
+        return {
+            "configOptions": [
+                {
+                    "type": "select",
+                    "id": "model",
+                    "name": "Model",
+                    "category": "model",
+                    "currentValue": self.model,
+                    "options": [{"value": self.model, "name": self.model}],
+                }
+            ]
+        }
+
+    def _new_session(self, conn: _Conn, cwd: str) -> dict[str, Any]:
+        sid = f"sess-{next(self._session_seq):04d}"
+        s = FakeSession(id=sid, cwd=cwd, conn=conn)
+        self.sessions[sid] = s
+        conn.sessions.add(sid)
+        return {"sessionId": sid, **self._session_result()}
+
+    async def _load_session(self, conn: _Conn, cwd: str, session_id: str) -> dict[str, Any]:
+        if not self.load_session:
+            raise RequestError.method_not_found("session/load")
+        s = self.sessions.get(session_id)
+        if s is None or s.closed:
+            raise RequestError.resource_not_found(session_id)
+        self.loads.append(session_id)
+        old = s.conn
+        if old is not None and old is not conn:
+            old.sessions.discard(session_id)
+        s.conn = conn
+        s.cwd = cwd or s.cwd
+        conn.sessions.add(session_id)
+        for upd in list(s.history):
+            await self._send_update(conn, session_id, upd, record=None)
+        return self._session_result()
+
+    def _session_of(self, conn: _Conn, session_id: str) -> FakeSession:
+        s = self.sessions.get(session_id)
+        if s is None or s.closed or session_id not in conn.sessions:
+            raise RequestError.resource_not_found(session_id)
+        return s
+
+    async def _prompt(self, conn: _Conn, session_id: str, prompt: Sequence[Any]) -> dict[str, Any]:
+        s = self._session_of(conn, session_id)
+        if s.running:
+            raise RequestError.invalid_request(
+                {"details": f"a prompt is already running on session {session_id}"}
+            )
+        text = _text_of(prompt)
+        self.prompts.append(text)
+        s.prompts.append(text)
+        index = self._turns
+        self._turns += 1
+        s.history.append(
+            {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": text}}
+        )
+        s.cancel_requested = False
+        steps = self.script.steps_for(index, text)
+        turn = asyncio.create_task(self._play(conn, s, steps), name=f"fake-acp-turn-{index}")
+        s.turn_task = turn
+        try:
+            await asyncio.wait({turn})
+        except asyncio.CancelledError:
+            turn.cancel()
+            raise
+        if turn.cancelled():
+            stop = "cancelled"
+        else:
+            exc = turn.exception()
+            if isinstance(exc, _Hang):
+                await asyncio.Event().wait()  # no response; ends when the connection does
+            stop = turn.result()
+        self.stop_reasons.append(stop)
+        return {"stopReason": stop}
+
+    def _cancel(self, session_id: str) -> None:
+        self.cancels.append(session_id)
+        s = self.sessions.get(session_id)
+        if s is None:
+            return
+        s.cancel_requested = True
+        if s.turn_task is not None and not s.turn_task.done():
+            s.turn_task.cancel()
+
+    def _close(self, conn: _Conn, session_id: str) -> dict[str, Any]:
+        s = self.sessions.get(session_id)
+        if s is None or s.closed:
+            raise RequestError.resource_not_found(session_id)
+        self.closes.append(session_id)
+        if s.turn_task is not None and not s.turn_task.done():
+            s.cancel_requested = True
+            s.turn_task.cancel()
+        s.closed = True
+        conn.sessions.discard(session_id)
+        if self.exit_on_close:
+            # After this handler returns the SDK queues the response synchronously; the exit
+            # runs later and closes connections gracefully, which flushes that response.
+            asyncio.get_running_loop().call_soon(self._request_exit, 0)
+        return {}
+
+    # --- playing ----------------------------------------------------------------------------
+
+    async def _send_update(
+        self,
+        conn: _Conn,
+        session_id: str,
+        update: dict[str, Any],
+        *,
+        record: FakeSession | None,
+    ) -> None:
+        """Validate through the SDK model and send as `session/update`."""
+        assert conn.asc is not None
+        notif = SessionNotification.model_validate({"sessionId": session_id, "update": update})
+        if record is not None:
+            record.history.append(update)
+        await conn.asc.session_update(session_id=session_id, update=notif.update)
+
+    async def _send_raw_update(self, conn: _Conn, session_id: str, update: dict[str, Any]) -> None:
+        """Write a `session/update` without validation, through the connection's own sender
+        queue (the SDK's private `_conn`, pinned SDK version), so wire order is kept."""
+        assert conn.asc is not None
+        await conn.asc._conn.send_notification(
+            "session/update", {"sessionId": session_id, "update": update}
+        )
+
+    async def _play(self, conn: _Conn, s: FakeSession, steps: list[Step]) -> str:
+        stop = await self._run_steps(conn, s, steps)
+        return stop or "end_turn"
+
+    async def _run_steps(self, conn: _Conn, s: FakeSession, steps: list[Step]) -> str | None:
+        """Run steps; a stop reason ends the turn (returned), None = continue."""
+        for step in steps:
+            stop = await self._step(conn, s, step)
+            if stop is not None:
+                return stop
+        return None
+
+    async def _step(self, conn: _Conn, s: FakeSession, step: Step) -> str | None:
+        sid = s.id
+        if not isinstance(step, dict):
+            self._bad_step(step)
+            return None
+        if "text" in step or "thought" in step:
+            kind = "agent_message_chunk" if "text" in step else "agent_thought_chunk"
+            body = step.get("text", step.get("thought"))
+            upd: dict[str, Any] = {
+                "sessionUpdate": kind,
+                "content": {"type": "text", "text": str(body)},
+            }
+            if step.get("message_id") is not None:
+                upd["messageId"] = str(step["message_id"])
+            await self._send_update(conn, sid, upd, record=s)
+        elif "tool_call" in step:
+            await self._send_update(
+                conn,
+                sid,
+                {"sessionUpdate": "tool_call", **_tool_fields(step["tool_call"])},
+                record=s,
+            )
+        elif "tool_update" in step:
+            await self._send_update(
+                conn,
+                sid,
+                {"sessionUpdate": "tool_call_update", **_tool_fields(step["tool_update"])},
+                record=s,
+            )
+        elif "permission" in step:
+            return await self._permission(conn, s, step)
+        elif "plan" in step:
+            entries = [
+                {
+                    "content": str(e["content"]),
+                    "priority": e.get("priority", "medium"),
+                    "status": e.get("status", "pending"),
+                }
+                for e in step["plan"]
+            ]
+            await self._send_update(
+                conn, sid, {"sessionUpdate": "plan", "entries": entries}, record=s
+            )
+        elif "usage" in step:
+            u = step["usage"]
+            upd = {"sessionUpdate": "usage_update", "used": int(u["used"]), "size": int(u["size"])}
+            if u.get("cost") is not None:
+                upd["cost"] = {
+                    "amount": float(u["cost"]["amount"]),
+                    "currency": str(u["cost"].get("currency", "USD")),
+                }
+            await self._send_update(conn, sid, upd, record=s)
+        elif "unknown_update" in step:
+            raw = dict(step["unknown_update"] or {})
+            raw.setdefault("sessionUpdate", UNKNOWN_UPDATE_KIND)
+            await self._send_raw_update(conn, sid, raw)
+        elif "sleep" in step:
+            await asyncio.sleep(float(step["sleep"]))
+        elif "crash" in step:
+            log.info("fake acp agent: crashing the connection mid-turn (script)")
+            conn.writer.transport.abort()
+            raise _Hang()
+        elif "exit" in step:
+            log.info("fake acp agent: exiting with %s mid-turn (script)", step["exit"])
+            self._request_exit(int(step["exit"]))
+            raise _Hang()
+        elif "stop" in step:
+            return str(step["stop"])
+        else:
+            self._bad_step(step)
+        return None
+
+    def _bad_step(self, step: Any) -> None:
+        self.bad_steps.append(step)
+        log.warning("fake acp agent: skipping unknown script step %r", step)
+
+    async def _permission(self, conn: _Conn, s: FakeSession, step: Step) -> str | None:
+        assert conn.asc is not None
+        req = dict(step["permission"])
+        tool_call_id = str(req["tool_call_id"])
+        tc = {"toolCallId": tool_call_id}
+        for src, dst in (
+            ("title", "title"),
+            ("kind", "kind"),
+            ("status", "status"),
+            ("raw_input", "rawInput"),
+        ):
+            if req.get(src) is not None:
+                tc[dst] = req[src]
+        options = [_option(o) for o in req.get("options") or DEFAULT_PERMISSION_OPTIONS]
+        record: dict[str, Any] = {
+            "session_id": s.id,
+            "tool_call_id": tool_call_id,
+            "outcome": None,
+            "option_id": None,
+            "allow": None,
+        }
+        try:
+            resp: RequestPermissionResponse = await conn.asc.request_permission(
+                session_id=s.id,
+                tool_call=ToolCallUpdate.model_validate(tc),
+                options=[PermissionOption.model_validate(o) for o in options],
+            )
+        except asyncio.CancelledError:
+            record["outcome"] = "abandoned"
+            self.permission_outcomes.append(record)
+            raise
+        outcome = resp.outcome
+        if getattr(outcome, "outcome", None) != "selected":
+            record["outcome"] = "cancelled"
+            self.permission_outcomes.append(record)
+            return "cancelled"
+        option_id = str(getattr(outcome, "option_id", ""))
+        kind = next((o["kind"] for o in options if o["optionId"] == option_id), None)
+        allow = kind is not None and kind.startswith("allow")
+        record.update(outcome="selected", option_id=option_id, allow=allow)
+        self.permission_outcomes.append(record)
+        branch = step.get("on_allow" if allow else "on_reject") or []
+        return await self._run_steps(conn, s, list(branch))
+
+
+class _ConnAgent:
+    """The SDK-facing agent object of one connection (methods looked up by name)."""
+
+    def __init__(self, agent: FakeAcpAgent, conn: _Conn) -> None:
+        self._agent = agent
+        self._conn = conn
+
+    async def initialize(
+        self,
+        protocol_version: int,
+        client_capabilities: Any = None,
+        client_info: Any = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        info = client_info.model_dump(mode="json") if client_info is not None else None
+        return self._agent._initialize(protocol_version, client_info=info)
+
+    async def new_session(
+        self,
+        cwd: str,
+        additional_directories: list[str] | None = None,
+        mcp_servers: Any = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        return self._agent._new_session(self._conn, cwd)
+
+    async def load_session(
+        self,
+        cwd: str,
+        session_id: str,
+        mcp_servers: Any = None,
+        additional_directories: list[str] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        return await self._agent._load_session(self._conn, cwd, session_id)
+
+    async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> dict[str, Any]:
+        return await self._agent._prompt(self._conn, session_id, prompt)
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        self._agent._cancel(session_id)
+
+    async def close_session(self, session_id: str, **kwargs: Any) -> dict[str, Any]:
+        if not self._agent.close_session:
+            raise RequestError.method_not_found("session/close")
+        return self._agent._close(self._conn, session_id)
+
+
+# --- listener ---------------------------------------------------------------------------------
+
+
+class AcpAgentListener:
+    """The per-agent ACP endpoint of one fake agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        *,
+        agent_factory: Callable[[], FakeAcpAgent] | None = None,
+        command: Sequence[str] | None = None,
+        on_exit: Callable[[int], None] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        linger: float = 0.0,
+        eof_grace: float = EOF_GRACE,
+    ) -> None:
+        if (agent_factory is None) == (command is None):
+            raise ValueError("give exactly one of agent_factory and command")
+        if command is not None and not list(command):
+            raise ValueError("empty ACP command")
+        self.agent_id = agent_id
+        self.agent_factory = agent_factory
+        self.command: list[str] | None = list(command) if command is not None else None
+        self.on_exit = on_exit
+        self.cwd = str(cwd) if cwd is not None else None
+        self.env = env
+        self.linger = linger
+        self.eof_grace = eof_grace
+        # observations
+        self.agent: FakeAcpAgent | None = None
+        self.exit_code: int | None = None
+        self.endpoints: list[Endpoint] = []
+        self.connections_total = 0
+        self.auth_failures = 0
+        self.processes_started = 0
+        self.process_exit_codes: list[int] = []
+        self.stderr_tail: deque[str] = deque(maxlen=200)
+        # internals
+        self._servers: list[asyncio.Server] = []
+        self._unix_paths: list[tuple[str, int]] = []
+        self._conns: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self._procs: set[asyncio.subprocess.Process] = set()
+        self._accepting = True
+        self._exit_started = False
+        self._finished = asyncio.Event()
+        self._exit_task: asyncio.Task[None] | None = None
+
+    # --- properties -------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    @property
+    def running(self) -> bool:
+        return not self._exit_started
+
+    @property
+    def endpoint(self) -> Endpoint:
+        if not self.endpoints:
+            raise RuntimeError(f"ACP listener {self.agent_id} is not serving")
+        return self.endpoints[0]
+
+    @property
+    def active_connections(self) -> int:
+        return len(self._conns)
+
+    # --- serving ----------------------------------------------------------------------------
+
+    async def serve_unix(self, path: str) -> UnixEndpoint:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+        async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await self._on_connect(r, w, None)
+
+        server = await asyncio.start_unix_server(on_connect, path=path, limit=STREAM_LIMIT)
+        self._servers.append(server)
+        self._unix_paths.append((path, os.stat(path).st_ino))
+        ep = UnixEndpoint(path=path)
+        self.endpoints.append(ep)
+        return ep
+
+    async def serve_tcp(
+        self, host: str, port: int, ssl_context: ssl.SSLContext | None, token: str | None
+    ) -> TcpEndpoint:
+        """Listen on host:port (0 = ephemeral); `ssl_context=None` is plaintext (fakes only)."""
+
+        async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            await self._on_connect(r, w, token)
+
+        server = await asyncio.start_server(
+            on_connect,
+            host=host,
+            port=port,
+            ssl=ssl_context,
+            ssl_handshake_timeout=HANDSHAKE_BOUND if ssl_context else None,
+            limit=STREAM_LIMIT,
+        )
+        self._servers.append(server)
+        bound = server.sockets[0].getsockname()[1]
+        ep = TcpEndpoint(addr=tcp_addr(host, int(bound)))
+        self.endpoints.append(ep)
+        return ep
+
+    async def wait_finished(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
+        await asyncio.wait_for(self._finished.wait(), timeout)
+        assert self.exit_code is not None
+        return self.exit_code
+
+    async def stop(self) -> None:
+        """Kill: stop listening, cut connections, kill bridged processes; exit code 143."""
+        if self._finished.is_set():
+            self._close_servers()
+            return
+        if self._exit_started:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._finished.wait(), CLOSE_GRACE + 2.0)
+            if self._finished.is_set():
+                return
+        self._exit_started = True
+        self._close_servers()
+        if self.exit_code is None:
+            self.exit_code = SIGTERM_EXIT
+            self._notify_exit(SIGTERM_EXIT)
+        if self.agent is not None:
+            await self.agent.close_connections(graceful=False)
+        for proc in list(self._procs):
+            self._kill_group(proc, signal.SIGTERM)
+        for w in list(self._conns.values()):
+            w.transport.abort()
+        await self._wait_conn_tasks(CLOSE_GRACE + KILL_GRACE)
+        self._finished.set()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _ensure_agent(self) -> FakeAcpAgent:
+        if self.agent is None:
+            assert self.agent_factory is not None
+            agent = self.agent_factory()
+            agent.on_exit = self._begin_exit
+            self.agent = agent
+        return self.agent
+
+    def _notify_exit(self, code: int) -> None:
+        if self.on_exit is not None:
+            try:
+                self.on_exit(code)
+            except Exception:
+                log.exception("ACP listener %s: on_exit callback failed", self.agent_id)
+
+    def _close_servers(self) -> None:
+        self._accepting = False
+        for s in self._servers:
+            s.close()
+        self._servers.clear()
+        for path, ino in self._unix_paths:
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_ino == ino:
+                    os.unlink(path)
+        self._unix_paths.clear()
+
+    def _begin_exit(self, code: int) -> None:
+        """The peer exited on its own with `code`. The exit is reported at once (before any
+        connection closes, so a client that sees EOF already finds the final status); the
+        connections close in a task, after `linger`."""
+        if self._exit_started:
+            return
+        self._exit_started = True
+        self.exit_code = code
+        self._close_servers()
+        self._notify_exit(code)
+        self._exit_task = asyncio.get_running_loop().create_task(
+            self._exit(), name=f"acp-listener-exit-{self.agent_id}"
+        )
+
+    async def _exit(self) -> None:
+        if self.linger > 0:
+            await asyncio.sleep(self.linger)
+        if self.agent is not None:
+            await self.agent.close_connections(graceful=True)
+        for proc in list(self._procs):
+            self._kill_group(proc, signal.SIGTERM)
+        await self._wait_conn_tasks(CLOSE_GRACE + KILL_GRACE)
+        self._finished.set()
+
+    async def _wait_conn_tasks(self, limit: float) -> None:
+        tasks = [t for t in self._conns if t is not asyncio.current_task()]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=limit)
+        if not pending:
+            return
+        for t in pending:
+            w = self._conns.get(t)
+            if w is not None:
+                w.transport.abort()
+        _, pending = await asyncio.wait(pending, timeout=0.5)
+        for t in pending:
+            t.cancel()
+
+    async def _on_connect(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, token: str | None
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns[task] = writer
+        try:
+            if token is not None:
+                try:
+                    ok = await asyncio.wait_for(
+                        read_bearer_preamble(reader, token), HANDSHAKE_BOUND
+                    )
+                except (TimeoutError, OSError, ssl.SSLError, asyncio.IncompleteReadError):
+                    ok = False
+                if not ok:
+                    self.auth_failures += 1
+                    log.info("ACP listener %s: dropped a connection (bad bearer)", self.agent_id)
+                    writer.transport.abort()
+                    return
+            if not self._accepting:
+                writer.transport.abort()
+                return
+            self.connections_total += 1
+            if self.command is None:
+                await self._ensure_agent().serve(reader, writer)
+            else:
+                await self._bridge(reader, writer)
+        except Exception:
+            log.debug(
+                "ACP listener %s: connection ended with an error", self.agent_id, exc_info=True
+            )
+        except asyncio.CancelledError:
+            # Outermost frame of a server-owned task: end quietly.
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+            self._conns.pop(task, None)
+
+    # --- bridge -----------------------------------------------------------------------------
+
+    def _kill_group(self, proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+            os.killpg(proc.pid, sig)
+
+    async def _bridge(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self.command is not None
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=self.cwd,
+                env=self.env,
+                start_new_session=True,
+            )
+        except OSError as e:
+            log.warning("ACP listener %s: cannot start %s: %s", self.agent_id, self.command, e)
+            self.stderr_tail.append(f"cannot start {self.command}: {e}")
+            writer.transport.abort()
+            self._begin_exit(127)
+            return
+        self.processes_started += 1
+        self._procs.add(proc)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
+
+        async def pump_in() -> None:
+            try:
+                while data := await reader.read(READ_CHUNK):
+                    stdin.write(data)
+                    await stdin.drain()
+            except (OSError, ssl.SSLError, ConnectionError):
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    stdin.close()
+
+        async def pump_out() -> None:
+            try:
+                while data := await stdout.read(READ_CHUNK):
+                    writer.write(data)
+                    await writer.drain()
+            except (OSError, ssl.SSLError, ConnectionError):
+                pass
+
+        async def drain_err() -> None:
+            with contextlib.suppress(Exception):
+                while line := await stderr.readline():
+                    text = line.decode(errors="replace").rstrip()
+                    self.stderr_tail.append(text)
+                    log.debug("ACP peer %s stderr: %s", self.agent_id, text)
+
+        up = asyncio.create_task(pump_in())
+        down = asyncio.create_task(pump_out())
+        err = asyncio.create_task(drain_err())
+        waiter = asyncio.create_task(proc.wait())
+        killed_by_us = False
+        try:
+            await asyncio.wait({up, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiter.done():
+                # The client went away (stdin is closed now): let the process end by itself.
+                done, _ = await asyncio.wait({waiter}, timeout=self.eof_grace)
+                if not done:
+                    killed_by_us = True
+                    self._kill_group(proc, signal.SIGTERM)
+                    done, _ = await asyncio.wait({waiter}, timeout=KILL_GRACE)
+                    if not done:
+                        self._kill_group(proc, signal.SIGKILL)
+                        await waiter
+            # Flush what the process wrote before it ended, then clean up stragglers.
+            await asyncio.wait({down}, timeout=CLOSE_GRACE)
+            self._kill_group(proc, signal.SIGKILL)
+            if not killed_by_us:
+                self._begin_exit(_exit_code(proc))  # before the client sees EOF
+        finally:
+            for t in (up, down, err, waiter):
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(up, down, err, waiter, return_exceptions=True)
+            self._kill_group(proc, signal.SIGKILL)
+            self._procs.discard(proc)
+            with contextlib.suppress(Exception):
+                if writer.can_write_eof() and not writer.transport.is_closing():
+                    writer.write_eof()
+                writer.close()
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+        self.process_exit_codes.append(_exit_code(proc))
+
+
+def _exit_code(proc: asyncio.subprocess.Process) -> int:
+    """A shell-style exit code: signal N -> 128 + N."""
+    rc = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+    return rc if rc >= 0 else 128 - rc
