@@ -3,27 +3,63 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from prospero.core.drivers.base import AgentDriver, DriverOptions, DriverTarget, EventSink
+from prospero.core.drivers.base import (
+    AgentDriver,
+    DriverExit,
+    DriverOptions,
+    DriverTarget,
+    EventSink,
+)
 from prospero.core.drivers.ndjson import NdjsonDriver
 from prospero.core.metrics import Metrics
 from prospero.core.wire.control import Endpoint
 from prospero.testkit import scripts
 from prospero.testkit.fake_agent import FakeAgentWorker
-from tests.conformance.agent_driver import AgentDriverConformance
+from prospero.types.events import AgentFinished, ToolFinished, ToolStarted, TurnFinished
+from tests.conformance.agent_driver import SESSION, AgentDriverConformance, Recorder
 from tests.support import short_tmpdir, wait_until
 
 LONG_LINES = 600
 
 
+def session_script() -> scripts.Script:
+    """The conformance "session" (tests/conformance/agent_driver.py SESSION) as TurnEvents."""
+    model = SESSION["model"]
+    read, bash = SESSION["read"], SESSION["bash"]
+    script: scripts.Script = [
+        scripts.turn_start(0, model=model),
+        scripts.thinking_delta(SESSION["thinking"], 0, 0),
+        scripts.text_delta(SESSION["text_before"], 0, 1),
+    ]
+    for tool, is_error in ((read, False), (bash, True)):
+        args = json.dumps(tool["input"], separators=(",", ":"))
+        half = len(args) // 2
+        script += [
+            scripts.tool_call_start(tool["id"], tool["name"], 0),
+            scripts.tool_call_input_delta(tool["id"], args[:half], 0),
+            scripts.tool_call_input_delta(tool["id"], args[half:], 0),
+            scripts.tool_call_end(tool["id"], tool["result"], is_error=is_error, turn_index=0),
+        ]
+    script += [
+        scripts.text_delta(SESSION["text_after"], 0, 2),
+        scripts.turn_end(0, input_tokens=812, output_tokens=64),
+        scripts.run_end("EndOfTurn", turn_count=1, input_tokens=812, output_tokens=64),
+    ]
+    return script
+
+
 def _script(name: str) -> tuple[scripts.Script, float]:
     if name == "tool_run":
         return scripts.tool_run_script(model="claude-sonnet-4-6"), 0.0
+    if name == "session":
+        return session_script(), 0.0
     if name == "interactive":
         return scripts.interactive_script(), 0.0
     if name == "long":
@@ -36,6 +72,9 @@ def _script(name: str) -> tuple[scripts.Script, float]:
 class NdjsonHarness:
     protocol = "ndjson"
     supports_cancel = False
+    exact_reattach = True
+    extra_kinds: frozenset[str] = frozenset()
+    reports_tokens = True
 
     def __init__(self) -> None:
         self.dir = short_tmpdir()
@@ -67,9 +106,11 @@ class NdjsonHarness:
             agent_id=agent_id, workspace="ws", resolve_endpoint=resolve, interactive=interactive
         )
 
-    def make_driver(self, target: DriverTarget, sink: EventSink) -> AgentDriver:
+    def make_driver(
+        self, target: DriverTarget, sink: EventSink, *, include_thinking: bool = False
+    ) -> AgentDriver:
         options = DriverOptions(
-            include_thinking=False, backoff_base=0.01, backoff_cap=0.05, max_failures=5
+            include_thinking=include_thinking, backoff_base=0.01, backoff_cap=0.05, max_failures=5
         )
         return NdjsonDriver(target, sink, options, self.metrics)
 
@@ -103,3 +144,42 @@ class TestNdjsonDriverConformance(AgentDriverConformance):
             yield h
         finally:
             await h.aclose()
+
+    # NDJSON-only: caliban's per-model-call turns (ACP has one turn per prompt, see
+    # docs/acp-mapping.md), so this stays outside the shared suite.
+    async def test_tool_run_has_one_turn_finished_per_model_call(
+        self, harness: NdjsonHarness
+    ) -> None:
+        target = await harness.start_agent("tool_run")
+        rec = Recorder()
+        driver = harness.make_driver(target, rec)
+        assert await asyncio.wait_for(driver.run(), 20) is DriverExit.finished
+        assert rec.kinds() == TOOL_RUN_KINDS
+        started, finished = rec.events[1], rec.events[2]
+        assert isinstance(started, ToolStarted) and isinstance(finished, ToolFinished)
+        assert started.name == "Read" and started.input == {"path": "README.md"}
+        assert finished.id == started.id and finished.name == "Read" and finished.ok
+        assert finished.result is not None and finished.result.text == "# demo\nA tiny project.\n"
+        turn0 = rec.events[3]
+        assert isinstance(turn0, TurnFinished) and turn0.turn == 0
+        assert turn0.usage is not None and turn0.usage.input_tokens == 812
+        end = rec.events[-1]
+        assert isinstance(end, AgentFinished)
+        assert end.outcome == "EndOfTurn" and end.turns == 2
+        assert end.usage is not None and (end.usage.input_tokens, end.usage.output_tokens) == (
+            1713,
+            76,
+        )
+        assert end.cost_usd is not None and end.cost_usd > 0
+        assert driver.finished
+
+
+TOOL_RUN_KINDS = [
+    "output",
+    "tool_started",
+    "tool_finished",
+    "turn_finished",
+    "output",
+    "turn_finished",
+    "agent_finished",
+]

@@ -8,6 +8,7 @@ protocol-neutral: the NDJSON and ACP drivers both emit them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -150,6 +151,16 @@ class StreamGap(_Kind):
     detail: str = ""
 
 
+class TurnLost(_Kind):
+    """Prospero addition: a turn in flight was lost (its driver's connection dropped, the agent
+    crashed, or prosperod stopped mid-turn); its outcome is unknown. Open tool calls of the
+    turn are closed (`tool_finished{ok: false}`) before it. See docs/adr/0005-acp-driver.md."""
+
+    kind: Literal["turn_lost"] = "turn_lost"
+    turn: int = 0
+    reason: str = ""
+
+
 EventKind = Annotated[
     AgentSpawned
     | AgentDiscovered
@@ -163,13 +174,35 @@ EventKind = Annotated[
     | AgentGone
     | StorePersistFailed
     | RepoHealth
-    | StreamGap,
+    | StreamGap
+    | TurnLost,
     Field(discriminator="kind"),
 ]
 
 EVENT_KIND_ADAPTER: TypeAdapter[EventKind] = TypeAdapter(EventKind)
 
 TERMINAL_EVENT_KINDS = frozenset({"agent_finished"})
+
+
+# Trusted construction (the ingest hot path): build a frozen model the way `model_construct`
+# does, minus its generic per-field loop. The result is indistinguishable from the validated
+# model (same `__dict__`, fields-set, equality, hash and JSON). The fields-set object is shared
+# by every instance built here: pydantic never mutates a frozen model's fields-set in place
+# (`__setattr__`/`__delattr__` raise first; `model_copy` copies it before updating), and not
+# allocating one set per event matters at ingest rates (fewer GC-tracked objects).
+_object_setattr = object.__setattr__
+_object_new = object.__new__
+_OUTPUT_FIELDS_SET = {"stream", "chunk"}
+
+
+def output_event(stream: Literal["stdout", "thinking"], chunk: str) -> Output:
+    """`Output(stream=stream, chunk=chunk)` for trusted arguments, without validation."""
+    ev: Output = _object_new(Output)
+    _object_setattr(ev, "__dict__", {"kind": "output", "stream": stream, "chunk": chunk})
+    _object_setattr(ev, "__pydantic_fields_set__", _OUTPUT_FIELDS_SET)
+    _object_setattr(ev, "__pydantic_extra__", None)
+    _object_setattr(ev, "__pydantic_private__", None)
+    return ev
 
 
 def now_ts() -> str:
@@ -200,6 +233,137 @@ class FleetEvent(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
+
+    @classmethod
+    def trusted(cls, seq: int, ts: str, repo: str, agent_id: str, kind: EventKind) -> FleetEvent:
+        """`FleetEvent(seq=..., ts=..., repo=..., agent_id=..., kind=...)` without validation
+        when the arguments are already of the right types (the emitter's hot path); anything
+        else goes through normal validation (and fails the same way)."""
+        if (
+            type(kind) in EVENT_KIND_TYPES
+            and type(seq) is int
+            and type(ts) is str
+            and type(repo) is str
+            and type(agent_id) is str
+            and cls is FleetEvent
+        ):
+            ev: FleetEvent = _object_new(FleetEvent)
+            _object_setattr(
+                ev,
+                "__dict__",
+                {"seq": seq, "ts": ts, "repo": repo, "agent_id": agent_id, "kind": kind},
+            )
+            _object_setattr(ev, "__pydantic_fields_set__", _FLEET_EVENT_FIELDS_SET)
+            _object_setattr(ev, "__pydantic_extra__", None)
+            _object_setattr(ev, "__pydantic_private__", None)
+            return ev
+        return cls(seq=seq, ts=ts, repo=repo, agent_id=agent_id, kind=kind)
+
+    @classmethod
+    def trusted_batch(
+        cls, first_seq: int, ts: str, repo: str, agent_id: str, kinds: Sequence[EventKind]
+    ) -> list[FleetEvent]:
+        """`trusted` for consecutive seqs from `first_seq`, one event per kind, in order."""
+        if not (
+            type(first_seq) is int
+            and type(ts) is str
+            and type(repo) is str
+            and type(agent_id) is str
+            and cls is FleetEvent
+        ):
+            return [
+                cls(seq=first_seq + i, ts=ts, repo=repo, agent_id=agent_id, kind=kind)
+                for i, kind in enumerate(kinds)
+            ]
+        new = _object_new
+        setattr_ = _object_setattr
+        kind_types = EVENT_KIND_TYPES
+        fields_set = _FLEET_EVENT_FIELDS_SET
+        out: list[FleetEvent] = []
+        append = out.append
+        seq = first_seq
+        for kind in kinds:
+            if type(kind) in kind_types:
+                ev: FleetEvent = new(FleetEvent)
+                setattr_(
+                    ev,
+                    "__dict__",
+                    {"seq": seq, "ts": ts, "repo": repo, "agent_id": agent_id, "kind": kind},
+                )
+                setattr_(ev, "__pydantic_fields_set__", fields_set)
+                setattr_(ev, "__pydantic_extra__", None)
+                setattr_(ev, "__pydantic_private__", None)
+            else:
+                ev = FleetEvent(seq=seq, ts=ts, repo=repo, agent_id=agent_id, kind=kind)
+            append(ev)
+            seq += 1
+        return out
+
+
+_FLEET_EVENT_FIELDS_SET = {"seq", "ts", "repo", "agent_id", "kind"}
+
+
+class EventRun:
+    """Consecutive events of one stream stamped with one `ts`: seqs `first_seq`,
+    `first_seq + 1`, ... for `kinds` in order. The compact, not yet materialised form of those
+    `FleetEvent`s (the emitter queues and stores these; `events()` builds the models), so that a
+    burst of events costs one object per event (its kind) until it is published."""
+
+    __slots__ = ("agent_id", "first_seq", "kinds", "repo", "ts")
+
+    def __init__(
+        self, repo: str, agent_id: str, ts: str, first_seq: int, kinds: list[EventKind]
+    ) -> None:
+        self.repo = repo
+        self.agent_id = agent_id
+        self.ts = ts
+        self.first_seq = first_seq
+        self.kinds = kinds
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def __repr__(self) -> str:
+        return (
+            f"EventRun({self.stream_key!r}, seq {self.first_seq}..{self.first_seq + len(self) - 1})"
+        )
+
+    @property
+    def stream_key(self) -> str:
+        return stream_key_for(self.repo, self.agent_id)
+
+    def events(self) -> list[FleetEvent]:
+        return FleetEvent.trusted_batch(self.first_seq, self.ts, self.repo, self.agent_id, self.kinds)
+
+    def split(self, n: int) -> tuple[EventRun, EventRun]:
+        """The first `n` events and the rest."""
+        return (
+            EventRun(self.repo, self.agent_id, self.ts, self.first_seq, self.kinds[:n]),
+            EventRun(self.repo, self.agent_id, self.ts, self.first_seq + n, self.kinds[n:]),
+        )
+
+    def renumbered(self, first_seq: int) -> EventRun:
+        return EventRun(self.repo, self.agent_id, self.ts, first_seq, self.kinds)
+
+# The concrete EventKind classes (exact types accepted by `FleetEvent.trusted`).
+EVENT_KIND_TYPES: frozenset[type[BaseModel]] = frozenset(
+    {
+        AgentSpawned,
+        AgentDiscovered,
+        AgentInit,
+        StatusChanged,
+        Output,
+        ToolStarted,
+        ToolFinished,
+        TurnFinished,
+        AgentFinished,
+        AgentGone,
+        StorePersistFailed,
+        RepoHealth,
+        StreamGap,
+        TurnLost,
+    }
+)
 
 
 def kind_to_json(kind: EventKind) -> dict[str, Any]:

@@ -52,7 +52,9 @@ from prospero.types.events import (
     FleetEvent,
     RepoHealth,
     StatusChanged,
+    TurnLost,
     now_ts,
+    stream_key_for,
 )
 from prospero.types.model import (
     Agent,
@@ -124,6 +126,29 @@ class _AgentSlot:
     driver: AgentDriver | None = None
     task: asyncio.Task[DriverExit] | None = None
     terminal_since: float | None = None
+
+
+class _AgentSink:
+    """A driver's EventSink for one agent; `emit_batch` is the optional batch path drivers
+    use when present (one emitter call, one timestamp, for a whole read of the stream)."""
+
+    __slots__ = ("agent_id", "emitter", "repo")
+
+    def __init__(self, emitter: EmitterLike, repo: str, agent_id: str) -> None:
+        self.emitter = emitter
+        self.repo = repo
+        self.agent_id = agent_id
+
+    async def __call__(self, kind: EventKind) -> None:
+        await self.emitter.emit(self.repo, self.agent_id, kind)
+
+    async def emit_batch(self, kinds: list[EventKind]) -> None:
+        emit_many = getattr(self.emitter, "emit_many", None)
+        if emit_many is not None:
+            await emit_many(self.repo, self.agent_id, kinds)
+            return
+        for kind in kinds:
+            await self.emitter.emit(self.repo, self.agent_id, kind)
 
 
 def agent_from_record(workspace: str, rec: AgentRecord) -> Agent:
@@ -264,6 +289,13 @@ class FleetManager:
         prev = self._listed.get(ws.name, {})
         current = {r.id: r for r in records}
         self._listed[ws.name] = current
+        # Seed the seq counters of every new agent's stream up front, all at once: emitting
+        # to a new stream otherwise waits for one store round trip per agent, in series (and
+        # each agent's driver only starts after its turn).
+        prepare = getattr(self.emitter, "prepare", None)
+        new_ids = [r.id for r in records if r.id not in self._slots]
+        if new_ids and prepare is not None:
+            await prepare([stream_key_for(ws.name, agent_id) for agent_id in new_ids])
         for rec in records:
             slot = self._slots.get(rec.id)
             before = prev.get(rec.id)
@@ -317,8 +349,7 @@ class FleetManager:
         async def resolve() -> Endpoint:
             return await self.provider.attach(ws, agent_id)
 
-        async def sink(kind: EventKind) -> None:
-            await self.emitter.emit(ws.name, agent_id, kind)
+        sink = _AgentSink(self.emitter, ws.name, agent_id)
 
         target = DriverTarget(
             agent_id=agent_id,
@@ -362,9 +393,20 @@ class FleetManager:
             raise
         except Exception:
             log.exception("driver for %s crashed", agent_id)
+            await self._record_lost_turn(agent_id, driver, "the driver crashed mid-turn")
             return DriverExit.gave_up
         finally:
             self.metrics.add_gauge(m.ACTIVE_ATTACHES, -1)
+
+    async def _record_lost_turn(self, agent_id: str, driver: AgentDriver, reason: str) -> None:
+        """A driver that died with a turn in flight (ACP: `turn_in_flight`) cannot record the
+        loss itself: put the explicit `turn_lost` on the agent's stream for it."""
+        turn = getattr(driver, "turn_in_flight", None)
+        slot = self._slots.get(agent_id)
+        if not isinstance(turn, int) or slot is None:
+            return
+        with contextlib.suppress(Exception):
+            await self.emitter.emit(slot.workspace, agent_id, TurnLost(turn=turn, reason=reason))
 
     async def _close_driver(self, agent_id: str) -> None:
         slot = self._slots.get(agent_id)
@@ -551,7 +593,11 @@ class FleetManager:
                 spec=spec,
             )
         await self.emitter.emit(ws.name, reply.id, AgentSpawned())
-        self._ensure_driver(ws, slot.record)
+        if spec.drive_protocol == "ndjson":
+            # NDJSON attaches at once (the worker runs by itself). An ACP agent does nothing
+            # until its driver prompts it: the poll below starts that driver from caliband's
+            # full record (the session's cwd is the record's working_dir).
+            self._ensure_driver(ws, slot.record)
         await self.poll_workspace(ws.name)
         return SpawnedResponse(
             agent_id=reply.id,
@@ -643,10 +689,11 @@ class FleetManager:
 
 
 def default_driver_factories() -> dict[str, DriverFactory]:
-    """NDJSON always; further protocols register themselves here when present."""
+    """NDJSON always; ACP (spawns still gated by `FleetConfig.allow_acp`)."""
+    from prospero.core.drivers.acp import AcpDriver
     from prospero.core.drivers.ndjson import NdjsonDriver
 
-    factories: dict[str, DriverFactory] = {"ndjson": NdjsonDriver}
+    factories: dict[str, DriverFactory] = {"ndjson": NdjsonDriver, "acp": AcpDriver}
     return factories
 
 

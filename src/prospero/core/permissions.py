@@ -1,0 +1,112 @@
+"""The permission seam: who answers an agent's request to run a tool (ADR 0011 decision 5).
+
+An ACP agent asks its driver with `session/request_permission`; the driver turns that into a
+protocol-neutral `PermissionRequest` and awaits a `PermissionBroker`. The broker's
+`PermissionOutcome` goes back to the agent as the ACP response.
+
+`PolicyBroker` is the default: it never allows. It selects the first `reject_*` option the
+agent offers (a clean "no" the agent can act on), else answers `cancelled`. Both postures get
+that answer for now: `autonomous` has no human to ask, and the human-facing decision surface
+for `supervised` (pending decisions in the API and dashboard) is the next issue's broker,
+injected through `prospero.core.drivers.acp.acp_driver_factory(broker=...)` or
+`AcpDriver(..., broker=...)`.
+
+A broker may take as long as it likes (a human deciding): the driver answers `cancelled` on
+its own when the turn is cancelled or the session ends while the decision is pending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+PermissionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always"]
+Decision = Literal["selected", "cancelled"]
+DecidedBy = Literal["policy", "user", "cancel", "transport"]
+
+
+@dataclass(frozen=True)
+class PermissionOption:
+    """One answer the agent offers. `option_id` is agent-chosen and opaque."""
+
+    option_id: str
+    label: str
+    # allow_once | allow_always | reject_once | reject_always (an unknown kind is kept as is)
+    kind: str
+
+    @property
+    def allows(self) -> bool:
+        return self.kind.startswith("allow_")
+
+    @property
+    def rejects(self) -> bool:
+        return self.kind.startswith("reject_")
+
+
+@dataclass(frozen=True)
+class PermissionToolCall:
+    """The tool call the request is about, as merged so far (title/kind/input may be richer
+    than the earlier `tool_call` announced, or the call may not have been announced at all)."""
+
+    id: str
+    title: str = ""
+    kind: str | None = None
+    input: Any = None
+
+
+@dataclass(frozen=True)
+class PermissionRequest:
+    agent_id: str
+    session_id: str
+    tool_call: PermissionToolCall
+    options: tuple[PermissionOption, ...]
+    # The agent's posture (SpawnSpec.permission_posture); None when the spawn did not say.
+    posture: str | None = None
+    # 0-based index of the prompt turn that raised it.
+    turn: int = 0
+    # The JSON-RPC id of the agent's request (unique per connection, for correlation/logs).
+    request_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PermissionOutcome:
+    decision: Decision
+    option_id: str | None = None
+    by: DecidedBy = "policy"
+
+    @classmethod
+    def select(cls, option_id: str, by: DecidedBy = "policy") -> PermissionOutcome:
+        return cls("selected", option_id, by)
+
+    @classmethod
+    def cancelled(cls, by: DecidedBy = "policy") -> PermissionOutcome:
+        return cls("cancelled", None, by)
+
+
+@runtime_checkable
+class PermissionBroker(Protocol):
+    async def decide(self, request: PermissionRequest) -> PermissionOutcome: ...
+
+
+def first_reject(options: tuple[PermissionOption, ...]) -> PermissionOption | None:
+    """The first `reject_once`, else the first `reject_always`, else None."""
+    for kind in ("reject_once", "reject_always"):
+        for opt in options:
+            if opt.kind == kind:
+                return opt
+    return None
+
+
+class PolicyBroker:
+    """Default deny, whatever the posture (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.decisions = 0
+
+    async def decide(self, request: PermissionRequest) -> PermissionOutcome:
+        self.decisions += 1
+        opt = first_reject(request.options)
+        if opt is None:
+            return PermissionOutcome.cancelled("policy")
+        return PermissionOutcome.select(opt.option_id, "policy")
