@@ -3,8 +3,8 @@
 The API layer is thin: every behaviour lives in the FleetManager and the stores; handlers only
 translate HTTP to calls and core errors to the `{error, kind}` envelope.
 
-Middleware, outermost first: access log -> bearer auth -> body limit -> SSE disconnect guard
--> FastAPI.
+Middleware, outermost first: access log -> dashboard assets -> bearer auth -> body limit
+-> SSE disconnect guard -> FastAPI.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from prospero.api import routes_agents, routes_fleet, routes_health, routes_workspaces
+from prospero.api import (
+    routes_agents,
+    routes_dashboard,
+    routes_fleet,
+    routes_health,
+    routes_workspaces,
+)
 from prospero.api.auth import AuthMiddleware
 from prospero.api.deps import ApiState, AppRuntime
 from prospero.api.errors import install_error_handlers
@@ -59,12 +65,16 @@ def create_app(runtime: AppRuntime, settings: ApiSettings | None = None) -> Fast
     app.include_router(routes_fleet.router)
     app.include_router(routes_workspaces.router)
     app.include_router(routes_agents.router)
+    routes_dashboard.install_routes(app)
     # add_middleware prepends: the last one added is the outermost.
     app.add_middleware(StreamDisconnectGuard)
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=runtime.metrics
     )
     app.add_middleware(AuthMiddleware, tokens=settings.api_tokens, metrics=runtime.metrics)
+    # The dashboard's static files hold no data: served before bearer auth (the page asks for a
+    # token when the API answers 401).
+    app.add_middleware(routes_dashboard.DashboardAssets)
     app.add_middleware(AccessLogMiddleware, metrics=runtime.metrics, enabled=settings.access_log)
     return app
 

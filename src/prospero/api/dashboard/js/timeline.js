@@ -1,0 +1,392 @@
+// The agent timeline: turns FleetEvents into DOM entries, incrementally.
+//
+// - consecutive output chunks of one stream coalesce into one text block (thinking into a
+//   collapsed <details>);
+// - tool calls are paired start -> finish by id (fallback for id-less legacy events: the
+//   oldest open call) into one entry that opens the inspector;
+// - status changes, per-turn usage, the run summary, gaps and lost turns are their own rows.
+//
+// Every entry lists the seqs it shows in `data-seqs`, so "each stored event exactly once" is
+// checkable from the DOM. Events at or below the last seq shown are ignored (a resumed stream
+// or a catch-up fetch can overlap). Text goes in as text nodes only.
+
+import { h, replace } from "./dom.js";
+import { fmtDuration, fmtTime, fmtTokens, fmtUsd, parseTs, prettyJson, toolHint } from "./format.js";
+import { statusPill } from "./ui.js";
+
+function addSeq(el, seq) {
+  if (seq === undefined || seq === null || !Number.isFinite(seq)) return;
+  el.dataset.seqs = el.dataset.seqs ? `${el.dataset.seqs} ${seq}` : String(seq);
+}
+
+export class Timeline {
+  constructor(listEl, { onSelectTool, onChange } = {}) {
+    this.el = listEl;
+    this.onSelectTool = onSelectTool || (() => {});
+    this.onChange = onChange || (() => {});
+    this.lastSeq = 0;
+    this.block = null; // {stream, el, text: Text}
+    this.open = []; // tool records without a finish, oldest first
+    this.count = 0;
+    this.finished = false;
+    this.totals = { input: null, output: null, cost: null, turns: 0, outcome: null };
+    this.model = null;
+  }
+
+  _entry(kind, seq, ts, ...body) {
+    const el = h(
+      "div",
+      { class: ["tl-entry", `tl-${kind}`], dataset: { kind } },
+      h("div", { class: "tl-time", title: ts || "" }, fmtTime(ts)),
+      h("div", { class: "tl-body" }, ...body),
+    );
+    addSeq(el, seq);
+    this.el.append(el);
+    this.count += 1;
+    return el;
+  }
+
+  /** An info/warning row that is not a stored event (SSE gap notice, undecodable frame). */
+  notice(kind, text, level = "info") {
+    this.block = null;
+    const el = this._entry("marker", null, null, h("span", { class: "marker-text" }, text));
+    el.classList.add(`marker-${level}`);
+    el.dataset.marker = kind;
+    this.onChange();
+    return el;
+  }
+
+  add(ev) {
+    const seq = Number(ev.seq);
+    if (Number.isFinite(seq)) {
+      if (seq <= this.lastSeq) return false;
+      this.lastSeq = seq;
+    }
+    const k = ev.kind || {};
+    const ts = ev.ts;
+    if (k.kind !== "output") this.block = null;
+    switch (k.kind) {
+      case "output":
+        this._output(k, seq, ts);
+        break;
+      case "tool_started":
+        this._toolStarted(k, seq, ts);
+        break;
+      case "tool_finished":
+        this._toolFinished(k, seq, ts);
+        break;
+      case "status_changed":
+        this._entry(
+          "status",
+          seq,
+          ts,
+          h("span", { class: "muted" }, "status "),
+          statusPill(k.from),
+          h("span", { class: "arrow" }, " → "),
+          statusPill(k.to),
+        );
+        break;
+      case "turn_finished":
+        this._turn(k, seq, ts);
+        break;
+      case "agent_finished":
+        this._finished(k, seq, ts);
+        break;
+      case "agent_spawned":
+        this._entry("lifecycle", seq, ts, "Spawned");
+        break;
+      case "agent_discovered":
+        this._entry("lifecycle", seq, ts, "Discovered an already running agent");
+        break;
+      case "agent_init":
+        this.model = k.model || this.model;
+        this._entry(
+          "lifecycle",
+          seq,
+          ts,
+          `Session ${k.session_id || "?"}`,
+          k.model ? ` · ${k.model}` : "",
+          k.tools && k.tools.length ? ` · tools: ${k.tools.join(", ")}` : "",
+        );
+        break;
+      case "agent_gone":
+        this._entry("lifecycle", seq, ts, "Removed from its caliband");
+        break;
+      case "stream_gap":
+        this._marker(
+          "stream_gap",
+          seq,
+          ts,
+          "warn",
+          `Stream gap: ${k.missing != null ? `${k.missing} line(s)` : "data"} may be missing` +
+            (k.detail ? ` — ${k.detail}` : ""),
+        );
+        break;
+      case "turn_lost":
+        this._marker(
+          "turn_lost",
+          seq,
+          ts,
+          "warn",
+          `Turn ${k.turn ?? "?"} lost — its outcome is unknown` + (k.reason ? ` (${k.reason})` : ""),
+        );
+        break;
+      case "store_persist_failed":
+        this._marker(
+          "store_persist_failed",
+          seq,
+          ts,
+          "warn",
+          `Event #${k.lost_seq} could not be stored` + (k.detail ? `: ${k.detail}` : ""),
+        );
+        break;
+      case "decision_pending": {
+        const d = k.decision || k;
+        const title = d.tool_call?.title || d.tool_call?.kind || "a tool call";
+        const el = this._marker("decision", seq, ts, "ask", `Permission requested: ${title} `);
+        el.querySelector(".tl-body").append(h("a", { href: "#/approvals", class: "link" }, "open the inbox"));
+        break;
+      }
+      case "decision_resolved": {
+        const d = k.decision || k;
+        const who = d.by || d.decided_by || "";
+        const title = d.tool_call?.title || "";
+        const state = d.state || "decided";
+        const text =
+          state === "decided"
+            ? `Permission answered: ${d.option_label || d.option_id || "?"}${who ? ` (by ${who})` : ""}`
+            : `Permission request ${state}${who ? ` (${who})` : ""}`;
+        const el = this._marker("decision", seq, ts, "info", title ? `${text} — ${title}` : text);
+        if (d.note) el.querySelector(".tl-body").append(h("div", { class: "muted" }, `Note: ${d.note}`));
+        break;
+      }
+      default:
+        this._entry("unknown", seq, ts, h("span", { class: "muted" }, `event ${k.kind || "?"}`));
+    }
+    this.onChange();
+    return true;
+  }
+
+  _marker(kind, seq, ts, level, text) {
+    const el = this._entry("marker", seq, ts, h("span", { class: "marker-text" }, text));
+    el.classList.add(`marker-${level}`);
+    el.dataset.marker = kind;
+    return el;
+  }
+
+  _output(k, seq, ts) {
+    const stream = k.stream === "thinking" ? "thinking" : "stdout";
+    const chunk = String(k.chunk ?? "");
+    if (this.block && this.block.stream === stream) {
+      this.block.text.appendData(chunk);
+      addSeq(this.block.el, seq);
+      if (stream === "thinking") this._thinkingSummary(this.block, chunk);
+      return;
+    }
+    const text = document.createTextNode(chunk);
+    let el;
+    if (stream === "thinking") {
+      const summary = h("summary", {}, h("span", { class: "think-label" }, "Thinking"), h("span", { class: "think-meta muted" }));
+      const details = h("details", { class: "thinking" }, summary, h("div", { class: "thinking-text" }, text));
+      el = this._entry("thinking", seq, ts, details);
+      this.block = { stream, el, text, summary, words: 0, midWord: false };
+      this._thinkingSummary(this.block, chunk);
+    } else {
+      el = this._entry("text", seq, ts, h("div", { class: "text" }, text));
+      this.block = { stream, el, text };
+    }
+  }
+
+  // A running word count (recounting the whole block per chunk would be quadratic).
+  _thinkingSummary(block, chunk) {
+    const parts = chunk.split(/\s+/);
+    let n = parts.filter(Boolean).length;
+    if (block.midWord && parts[0]) n -= 1; // the chunk continues the previous word
+    block.words += n;
+    block.midWord = chunk.length > 0 && !/\s$/.test(chunk);
+    const w = block.words;
+    block.summary.querySelector(".think-meta").textContent = ` · ${w} word${w === 1 ? "" : "s"}`;
+  }
+
+  _toolStarted(k, seq, ts) {
+    const rec = {
+      id: k.id || "",
+      name: k.name || "tool",
+      input: k.input,
+      started: ts,
+      finished: null,
+      ok: null,
+      result: null,
+      startSeq: seq,
+      finishSeq: null,
+    };
+    rec.el = this._entry("tool", seq, ts, this._toolRow(rec));
+    rec.el.dataset.toolId = rec.id;
+    this._toolState(rec);
+    this.open.push(rec);
+  }
+
+  _toolFinished(k, seq, ts) {
+    // By id (the oldest open call with it, should an id be reused); id-less legacy events
+    // close the oldest open call.
+    let rec = k.id ? this.open.find((r) => r.id === k.id) : this.open[0];
+    if (!rec) {
+      // A finish without its start (e.g. the start was lost in a gap): its own entry.
+      rec = { id: k.id || "", name: k.name || "tool", input: undefined, started: null, startSeq: null };
+      rec.el = this._entry("tool", null, ts, this._toolRow(rec));
+      rec.el.dataset.toolId = rec.id;
+      rec.orphan = true;
+    }
+    rec.finished = ts;
+    rec.ok = k.ok !== false;
+    rec.result = k.result ?? null;
+    rec.finishSeq = seq;
+    if (k.name && (!rec.name || rec.name === "tool")) rec.name = k.name;
+    addSeq(rec.el, seq);
+    this.open = this.open.filter((r) => r !== rec);
+    this._toolState(rec);
+    if (this.selected === rec) this.onSelectTool(rec);
+  }
+
+  _toolRow(rec) {
+    const row = h(
+      "button",
+      {
+        type: "button",
+        class: "tool-row",
+        "aria-label": `Inspect tool call ${rec.name}`,
+        on: { click: () => this.select(rec) },
+      },
+      h("span", { class: "tool-icon", "aria-hidden": "true" }),
+      h("span", { class: "tool-name" }, rec.name),
+      h("span", { class: "tool-hint mono" }, toolHint(rec.input)),
+      h("span", { class: "pill tool-state" }),
+      h("span", { class: "tool-dur muted" }),
+    );
+    rec.row = row;
+    return row;
+  }
+
+  _toolState(rec) {
+    const st = rec.finished === null ? "running" : rec.ok ? "ok" : "failed";
+    rec.el.dataset.state = st;
+    const pill = rec.row.querySelector(".tool-state");
+    pill.className = `pill tool-state ts-${st}`;
+    pill.textContent = st;
+    rec.row.querySelector(".tool-name").textContent = rec.name;
+    const dur = rec.finished && rec.started ? parseTs(rec.finished) - parseTs(rec.started) : null;
+    rec.row.querySelector(".tool-dur").textContent = dur !== null ? fmtDuration(dur) : "";
+  }
+
+  select(rec) {
+    if (this.selected && this.selected.el) this.selected.el.classList.remove("selected");
+    this.selected = rec;
+    if (rec && rec.el) rec.el.classList.add("selected");
+    this.onSelectTool(rec);
+  }
+
+  _turn(k, seq, ts) {
+    this.totals.turns += 1;
+    if (k.usage) {
+      this.totals.input = (this.totals.input || 0) + (k.usage.input_tokens || 0);
+      this.totals.output = (this.totals.output || 0) + (k.usage.output_tokens || 0);
+    }
+    if (k.cost_usd != null) this.totals.cost = (this.totals.cost || 0) + k.cost_usd;
+    if (k.model) this.model = k.model;
+    const parts = [`Turn ${(k.turn ?? this.totals.turns - 1) + 1}`];
+    if (k.stop_reason) parts.push(k.stop_reason);
+    if (k.usage) {
+      parts.push(`${fmtTokens(k.usage.input_tokens)} in`);
+      parts.push(`${fmtTokens(k.usage.output_tokens)} out`);
+      if (k.usage.cache_read_input_tokens) parts.push(`${fmtTokens(k.usage.cache_read_input_tokens)} cached`);
+    } else parts.push("usage not reported");
+    if (k.cost_usd != null) parts.push(fmtUsd(k.cost_usd));
+    if (k.model) parts.push(k.model);
+    this._entry("turn", seq, ts, h("span", { class: "turn-text" }, parts.join(" · ")));
+  }
+
+  _finished(k, seq, ts) {
+    this.finished = true;
+    const t = this.totals;
+    t.outcome = k.outcome || null;
+    t.turns = Math.max(t.turns, k.turns || 0);
+    if (k.usage) {
+      t.input = k.usage.input_tokens;
+      t.output = k.usage.output_tokens;
+    }
+    if (k.cost_usd != null) t.cost = k.cost_usd;
+    const good = /^(EndOfTurn|end_turn|done|Done|EndInput)$/.test(k.outcome || "");
+    this._entry(
+      "finished",
+      seq,
+      ts,
+      h(
+        "div",
+        { class: ["run-summary", good ? "run-ok" : "run-bad"] },
+        h("div", { class: "run-title" }, `Run finished: ${k.outcome || "unknown outcome"}`),
+        h(
+          "div",
+          { class: "run-meta" },
+          `${t.turns} turn${t.turns === 1 ? "" : "s"} · ${fmtTokens(t.input)} in · ${fmtTokens(t.output)} out · ${fmtUsd(t.cost)}` +
+            (k.model ? ` · ${k.model}` : ""),
+        ),
+        k.detail ? h("pre", { class: "run-detail" }, k.detail) : null,
+      ),
+    );
+  }
+}
+
+/** The tool inspector panel: input and result of the selected call. */
+export function renderInspector(panel, rec, onClose) {
+  if (!rec) {
+    replace(
+      panel,
+      h(
+        "div",
+        { class: "inspector-empty" },
+        h("div", { class: "inspector-title" }, "Tool inspector"),
+        h("p", { class: "muted" }, "Select a tool call in the timeline to see its input and result."),
+      ),
+    );
+    panel.classList.remove("open");
+    return;
+  }
+  const st = rec.finished === null || rec.finished === undefined ? "running" : rec.ok ? "ok" : "failed";
+  const dur = rec.finished && rec.started ? parseTs(rec.finished) - parseTs(rec.started) : null;
+  const result = rec.result;
+  let resultEl;
+  if (st === "running") resultEl = h("p", { class: "muted" }, "Still running…");
+  else if (!result) resultEl = h("p", { class: "muted" }, "No result reported.");
+  else {
+    resultEl = h(
+      "div",
+      {},
+      result.truncated ? h("p", { class: "note-warn" }, "Truncated by the agent.") : null,
+      h("pre", { class: "code", dataset: { field: "result" } }, result.text ?? ""),
+    );
+  }
+  replace(
+    panel,
+    h(
+      "div",
+      { class: "inspector-head" },
+      h("div", { class: "inspector-title" }, rec.name),
+      h("span", { class: ["pill", `ts-${st}`] }, st),
+      h("button", { type: "button", class: "btn btn-ghost btn-sm inspector-close", "aria-label": "Close inspector", on: { click: onClose } }, "Close"),
+    ),
+    h(
+      "dl",
+      { class: "inspector-meta" },
+      h("div", { class: "kv" }, h("dt", {}, "Call id"), h("dd", { class: "mono" }, rec.id || "—")),
+      h("div", { class: "kv" }, h("dt", {}, "Started"), h("dd", {}, rec.started ? fmtTime(rec.started) : "—")),
+      h("div", { class: "kv" }, h("dt", {}, "Duration"), h("dd", {}, dur !== null ? fmtDuration(dur) : "—")),
+    ),
+    h("h4", { class: "inspector-section" }, "Input"),
+    rec.input === undefined || rec.input === null
+      ? h("p", { class: "muted", dataset: { field: "input" } }, rec.orphan ? "Start not seen." : "No input.")
+      : h("pre", { class: "code", dataset: { field: "input" } }, prettyJson(rec.input)),
+    h("h4", { class: "inspector-section" }, "Result"),
+    resultEl,
+  );
+  panel.classList.add("open");
+}
