@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from prospero.api import (
     routes_agents,
     routes_dashboard,
+    routes_decisions,
     routes_fleet,
     routes_health,
     routes_workspaces,
@@ -65,6 +66,7 @@ def create_app(runtime: AppRuntime, settings: ApiSettings | None = None) -> Fast
     app.include_router(routes_fleet.router)
     app.include_router(routes_workspaces.router)
     app.include_router(routes_agents.router)
+    app.include_router(routes_decisions.router)
     routes_dashboard.install_routes(app)
     # add_middleware prepends: the last one added is the outermost.
     app.add_middleware(StreamDisconnectGuard)

@@ -251,10 +251,41 @@ def workspace_config(
         list[str] | None,
         typer.Option("--env", help="KEY=VALUE for the workspace's caliband (repeatable)."),
     ] = None,
+    posture: Annotated[
+        PostureOpt | None,
+        typer.Option(
+            "--posture",
+            help="Default permission posture of the workspace's spawns (does not touch the "
+            "provider config).",
+        ),
+    ] = None,
+    decision_timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--decision-timeout",
+            help="Seconds a supervised permission ask waits for a human, or 'none'.",
+        ),
+    ] = None,
     addr: AddrOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Replace a workspace's provider config (omitted fields are cleared)."""
+    """Replace a workspace's provider config (omitted fields are cleared), and/or set its
+    permission defaults (--posture, --decision-timeout: only these change when they are the
+    only options given)."""
+    provider_given = bool(provider or base_url or api_key_env or env)
+    if posture is not None or decision_timeout is not None:
+        from prospero.cli.decisions import parse_timeout
+
+        patch: dict[str, Any] = {}
+        if posture is not None:
+            patch["posture"] = posture.value
+        if decision_timeout is not None:
+            patch["timeout_s"] = parse_timeout(decision_timeout)
+        with _client(ctx, addr, token) as c:
+            c.request("PATCH", f"/api/workspaces/{seg(name)}/policy", json_body=patch)
+        _console().print(f"updated permission defaults of workspace '{escape(name)}'")
+        if not provider_given:
+            return
     body: dict[str, Any] = {}
     if provider:
         body["provider"] = provider
@@ -575,6 +606,10 @@ def demo(
     sys.stderr.flush()
     # Replace this process: the CLI stays a pure HTTP client, the daemon runs on its own.
     os.execv(sys.executable, argv)
+
+
+# The decisions, approve, deny and policy commands register themselves on `app`.
+from prospero.cli import decisions as _decisions  # noqa: E402, F401
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
-"""Human output of the CLI: fleet listings, usage tables and the live `follow` view."""
+"""Human output of the CLI: fleet listings, usage tables, decisions and the live `follow`
+view."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
@@ -104,6 +106,8 @@ def render_fleet(console: Console, fleet: dict[str, Any]) -> None:
                 extra.append("interactive")
             if a.get("drive_protocol") and a.get("drive_protocol") != "ndjson":
                 extra.append(str(a["drive_protocol"]))
+            if a.get("posture"):
+                extra.append(str(a["posture"]))
             if a.get("model"):
                 extra.append(str(a["model"]))
             row.append(str(a.get("label") or a.get("name") or ""))
@@ -184,6 +188,140 @@ def render_usage(console: Console, report: dict[str, Any]) -> None:
         console.print(line)
 
 
+# ---------------------------------------------------------------------- decisions
+
+
+def fmt_age(ts: Any, now: datetime | None = None) -> str:
+    """`12s`, `5m`, `3h`, `2d` since an RFC 3339 timestamp (`?` when unreadable)."""
+    try:
+        at = datetime.fromisoformat(str(ts))
+    except ValueError:
+        return "?"
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return _span(max(0, int(((now or datetime.now(UTC)) - at).total_seconds())))
+
+
+def _span(secs: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit}"
+    return f"{secs}s"
+
+
+def fmt_deadline(deadline: Any, now: datetime | None = None) -> str:
+    if not deadline:
+        return "no deadline"
+    try:
+        at = datetime.fromisoformat(str(deadline))
+    except ValueError:
+        return str(deadline)
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    left = int((at - (now or datetime.now(UTC))).total_seconds())
+    if left <= 0:
+        return "deadline passed"
+    return f"times out in {_span(left)}"
+
+
+def tool_text(tc: Any) -> str:
+    tc = tc if isinstance(tc, dict) else {}
+    title = str(tc.get("title") or "")
+    kind = str(tc.get("kind") or "")
+    if title and kind:
+        return f"{title} ({kind})"
+    return title or kind or "tool call"
+
+
+def options_text(options: Any) -> str:
+    opts = [o for o in options or [] if isinstance(o, dict)]
+    return " | ".join(f"{o.get('id')}: {o.get('label') or o.get('kind')}" for o in opts)
+
+
+def resolution_text(d: dict[str, Any]) -> Text:
+    """How a decision ended, for listings and follow lines."""
+    state = str(d.get("state") or "?")
+    by = d.get("decided_by") or d.get("by")
+    opts = {o.get("id"): o for o in d.get("options") or [] if isinstance(o, dict)}
+    opt = opts.get(d.get("option_id")) or {}
+    kind = str(opt.get("kind") or d.get("option_kind") or "")
+    label = str(opt.get("label") or d.get("option_label") or d.get("option_id") or "")
+    if state == "cancelled":
+        t = Text("cancelled", style="bright_black")
+    elif state == "expired":
+        t = Text("timed out", style="yellow")
+        if label:
+            t.append(f" → {label}", style="yellow")
+    elif kind.startswith("allow"):
+        t = Text(f"allowed ({label})", style="green")
+    elif kind.startswith("reject"):
+        t = Text(f"denied ({label})", style="red")
+    else:
+        t = Text(f"{state} ({label})" if label else state)
+    if by:
+        t.append(f" by {by}")
+    if d.get("rule"):
+        t.append(f" [{d['rule']}]", style="dim")
+    if d.get("note"):
+        t.append(f": {d['note']}", style="dim")
+    return t
+
+
+def render_decisions(console: Console, rows: list[dict[str, Any]], state: str = "pending") -> None:
+    if not rows:
+        console.print("(no pending decisions)" if state == "pending" else f"(no {state} decisions)")
+        return
+    for d in rows:
+        head = Text(str(d.get("id", "?")), style="bold")
+        head.append(f"  {d.get('agent_id', '?')}  {d.get('workspace', '')}", style="cyan")
+        head.append(f"  asked {fmt_age(d.get('created_at'))} ago", style="dim")
+        console.print(head)
+        line = Text("  ")
+        line.append(tool_text(d.get("tool_call")), style="bold")
+        inp = compact_json((d.get("tool_call") or {}).get("input"))
+        if inp:
+            line.append(" " + short(inp.replace("\n", "⏎"), 160), style="cyan")
+        console.print(line)
+        if d.get("state") == "pending":
+            console.print(f"  options: {escape(options_text(d.get('options')))}", style="dim")
+            console.print(f"  {fmt_deadline(d.get('deadline'))}", style="dim")
+        else:
+            t = Text("  ")
+            t.append_text(resolution_text(d))
+            if d.get("decided_at"):
+                t.append(f"  at {d['decided_at']}", style="dim")
+            console.print(t)
+
+
+def render_policy(console: Console, workspace: str, policy: Any) -> None:
+    p = policy if isinstance(policy, dict) else {}
+    console.print(Text(f"workspace {workspace}", style="bold"))
+    posture = p.get("posture")
+    console.print(f"  posture: {posture or 'default (autonomous)'}")
+    timeout = p.get("timeout_s")
+    waits = f"{timeout:g}s" if isinstance(timeout, int | float) else "none (waits indefinitely)"
+    console.print(f"  ask timeout: {waits}")
+    rules = [r for r in p.get("rules") or [] if isinstance(r, dict)]
+    if not rules:
+        console.print("  rules: (none: supervised agents ask, autonomous ones are denied)")
+        return
+    console.print("  rules (first match wins):")
+    for i, r in enumerate(rules, 1):
+        parts = [str(r.get("action", "?"))]
+        for key in ("kind", "title", "command", "path"):
+            if r.get(key) is not None:
+                parts.append(f"{key}={r[key]!r}")
+        name = r.get("name") or f"{workspace}#{i}"
+        line = Text(f"    {i}. ")
+        action = str(r.get("action"))
+        line.append(
+            " ".join(parts),
+            style={"allow": "green", "deny": "red", "ask": "yellow"}.get(action, ""),
+        )
+        line.append(f"  [{name}]", style="dim")
+        console.print(line)
+
+
 # ---------------------------------------------------------------------- follow
 
 
@@ -233,9 +371,44 @@ class FollowRenderer:
             )
         )
 
+    def decision_line(self, ev: dict[str, Any]) -> None:
+        """A decision event as one or two lines (follow and `decisions --watch`)."""
+        k = ev.get("kind") or {}
+        kind = k.get("kind")
+        agent = ev.get("agent_id") or ""
+        if kind == "decision_pending":
+            t = Text("⏸ permission asked: ", style="bold yellow")
+            t.append(tool_text(k.get("tool_call")), style="yellow")
+            t.append(f"  decision {k.get('id')}", style="yellow")
+            if agent:
+                t.append(f" (agent {agent})", style="dim")
+            self.line(t)
+            hint = Text(f"  options: {options_text(k.get('options'))}; ", style="dim")
+            hint.append(f"{fmt_deadline(k.get('deadline'))}; ", style="dim")
+            hint.append(
+                f"prospero approve {k.get('id')} | prospero deny {k.get('id')}", style="dim"
+            )
+            self.line(hint)
+        elif kind == "decision_resolved":
+            state = k.get("state")
+            opt_kind = str(k.get("option_kind") or "")
+            icon, style = ("⊘ ", "bright_black")
+            if state == "decided" and opt_kind.startswith("allow"):
+                icon, style = ("✔ ", "green")
+            elif state in ("decided", "expired"):
+                icon, style = ("✘ ", "red")
+            t = Text(icon + "permission ", style=style)
+            t.append(tool_text(k.get("tool_call")) + ": ", style=style)
+            t.append_text(resolution_text(k))
+            t.append(f"  decision {k.get('id')}", style="dim")
+            self.line(t)
+
     def event(self, ev: dict[str, Any]) -> None:
         k = ev.get("kind") or {}
         kind = k.get("kind", "?")
+        if kind in ("decision_pending", "decision_resolved"):
+            self.decision_line(ev)
+            return
         if kind == "output":
             if k.get("stream") == "thinking":
                 if self.current_stream != "thinking":
@@ -313,6 +486,12 @@ class FollowRenderer:
             what = f"{missing} lines lost" if missing is not None else "possible data loss"
             detail = f": {k['detail']}" if k.get("detail") else ""
             self.line(Text(f"[stream_gap] {what}{detail}", style="yellow"))
+        elif kind == "turn_lost":
+            turn = k.get("turn")
+            label = turn + 1 if isinstance(turn, int) else "?"
+            t = Text(f"[turn {label} lost] ", style="bold yellow")
+            t.append(str(k.get("reason") or "the turn's outcome is unknown"), style="yellow")
+            self.line(t)
         elif kind == "store_persist_failed":
             self.line(
                 Text(

@@ -4,12 +4,11 @@ An ACP agent asks its driver with `session/request_permission`; the driver turns
 protocol-neutral `PermissionRequest` and awaits a `PermissionBroker`. The broker's
 `PermissionOutcome` goes back to the agent as the ACP response.
 
-`PolicyBroker` is the default: it never allows. It selects the first `reject_*` option the
-agent offers (a clean "no" the agent can act on), else answers `cancelled`. Both postures get
-that answer for now: `autonomous` has no human to ask, and the human-facing decision surface
-for `supervised` (pending decisions in the API and dashboard) is the next issue's broker,
-injected through `prospero.core.drivers.acp.acp_driver_factory(broker=...)` or
-`AcpDriver(..., broker=...)`.
+`PolicyBroker` is the bare default (a driver built without a broker): it never allows. It
+selects the first `reject_*` option the agent offers (a clean "no" the agent can act on), else
+answers `cancelled`. prosperod injects `prospero.core.decisions.DecisionService` instead
+(pending decisions for supervised agents, workspace policy, session rules; ADR 0006) through
+`prospero.core.drivers.acp.acp_driver_factory(broker=...)` or `AcpDriver(..., broker=...)`.
 
 A broker may take as long as it likes (a human deciding): the driver answers `cancelled` on
 its own when the turn is cancelled or the session ends while the decision is pending.
@@ -17,12 +16,13 @@ its own when the turn is cancelled or the session ends while the decision is pen
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 PermissionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always"]
 Decision = Literal["selected", "cancelled"]
-DecidedBy = Literal["policy", "user", "cancel", "transport"]
+DecidedBy = Literal["policy", "user", "rule", "timeout", "cancel", "transport", "restart"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,12 @@ class PermissionRequest:
     # The JSON-RPC id of the agent's request (unique per connection, for correlation/logs).
     request_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # The agent's workspace ("" when the driver does not know it).
+    workspace: str = ""
+    # Waits (bounded) until the events the driver queued before this request have reached
+    # its sink, so a broker's own events on the agent's stream follow them. None = nothing to
+    # wait for.
+    flush: Callable[[], Awaitable[None]] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

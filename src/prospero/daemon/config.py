@@ -15,6 +15,9 @@ TOML example (`prosperod --config /etc/prospero/prosperod.toml`):
     rate_card = "/etc/prospero/rates.toml"
     log_format = "json"
 
+Decision webhooks (ADR 0006): `--decision-webhook URL` (repeatable), env
+`PROSPERO_DECISION_WEBHOOKS` (comma-separated), TOML `decision_webhook = ["https://..."]`.
+
 API tokens: `--api-token-file FILE` (lines `name:token` or a bare `token`; `#` comments) and/or
 `PROSPERO_API_TOKEN` (named `env`). Both sources are combined. Binding a non-loopback address
 without any token is refused.
@@ -114,6 +117,25 @@ def parse_env_map(value: Any, key: str) -> dict[str, str]:
     return dict(parse_kv(p, key) for p in items)
 
 
+def parse_url_list(value: Any, key: str) -> list[str]:
+    """A TOML list, repeated flags, or (env var) a comma-separated list of http(s) URLs."""
+    if isinstance(value, str):
+        items = [p.strip() for p in value.split(",")]
+    elif isinstance(value, list | tuple):
+        items = [str(p).strip() for p in value]
+    else:
+        raise ConfigError(f"{key}: expected a list of URLs, got {value!r}")
+    out: list[str] = []
+    for item in items:
+        if not item:
+            continue
+        parts = urlsplit(item)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{key}: expected an http(s) URL, got {item!r}")
+        out.append(item)
+    return out
+
+
 def parse_choice(value: Any, key: str, choices: Sequence[str]) -> str:
     s = str(value).strip().lower()
     if s not in choices:
@@ -128,8 +150,9 @@ def parse_choice(value: Any, key: str, choices: Sequence[str]) -> str:
 class Setting:
     key: str
     help: str
-    kind: str = "str"  # str | int | bool | path | kv
+    kind: str = "str"  # str | int | bool | path | kv | list
     env: bool = True
+    env_var: str = ""  # overrides the derived PROSPERO_<KEY> name
 
     @property
     def flag(self) -> str:
@@ -137,7 +160,7 @@ class Setting:
 
     @property
     def env_name(self) -> str:
-        return "PROSPERO_" + self.key.upper()
+        return self.env_var or "PROSPERO_" + self.key.upper()
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -160,6 +183,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rate_card", "TOML/JSON file: model -> USD per million tokens", "path"),
     Setting("api_token_file", "API tokens, one per line: `name:token` or `token`", "path"),
     Setting("api_token", "a single API token (prefer the env var or a file)", "str"),
+    Setting(
+        "decision_webhook",
+        "URL POSTed a JSON body when a permission decision becomes pending or is resolved "
+        "(repeatable)",
+        "list",
+        env_var="PROSPERO_DECISION_WEBHOOKS",
+    ),
+    Setting(
+        "decision_rejoin_grace_ms",
+        "how long a decision left pending by a previous prosperod waits for its rejoined "
+        "session to ask again before it is cancelled (default 30000)",
+        "int",
+    ),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -181,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(s.flag, dest=dest, action=argparse.BooleanOptionalAction, help=s.help)
         elif s.kind == "kv":
             p.add_argument(s.flag, dest=dest, action="append", metavar="KEY=VALUE", help=s.help)
+        elif s.kind == "list":
+            p.add_argument(s.flag, dest=dest, action="append", metavar="URL", help=s.help)
         else:
             p.add_argument(s.flag, dest=dest, metavar=s.key.split("_")[-1].upper(), help=s.help)
     return p
@@ -381,6 +419,12 @@ def build_config(values: Mapping[str, Any]) -> DaemonConfig:
             raise ConfigError("API token name 'env' is reserved for PROSPERO_API_TOKEN")
         tokens["env"] = single
     cfg.api_tokens = tokens
+    if "decision_webhook" in values:
+        cfg.decision_webhooks = parse_url_list(values["decision_webhook"], "decision_webhook")
+    if "decision_rejoin_grace_ms" in values:
+        cfg.decision_rejoin_grace = (
+            parse_int(values["decision_rejoin_grace_ms"], "decision_rejoin_grace_ms", 0) / 1000
+        )
     return cfg
 
 

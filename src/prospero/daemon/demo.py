@@ -17,6 +17,10 @@ What it sets up:
   scripted ACP peer (`acp_script_for`); the fleet includes an ACP agent (`DEMO_ACP_FLEET`,
   seeded when prosperod has an ACP driver), and `prospero spawn WS "..." --drive-protocol acp`
   works.
+- Permission decisions (ADR 0006): the ACP agent `acp-supervised-edit` is spawned with posture
+  `supervised`; it stops on its permission request to edit a file until someone answers it:
+  `prospero decisions` lists the request, `prospero approve ID` lets the agent finish (the
+  audit shows who approved), `prospero deny ID` makes it skip the edit.
 
 It prints the URL and runs until Ctrl-C / SIGTERM, then shuts down cleanly and removes what it
 created (except a `--data-dir`).
@@ -187,6 +191,7 @@ class Demo:
                 isolation="shared" if a.shared_tree else None,
                 interactive=a.interactive,
                 drive_protocol=a.drive_protocol,
+                posture=a.posture,
             )
             try:
                 res = await mgr.spawn(a.workspace, req)
@@ -222,6 +227,11 @@ class Demo:
             acp_agent = next((i for i, _w, lb in self.spawned if lb in acp_labels), None)
             if acp_agent:
                 lines.append(f"    prospero{addr} follow {acp_agent}   # an ACP agent")
+            if any(lb == "acp-supervised-edit" for _i, _w, lb in self.spawned):
+                lines.append(
+                    f"    prospero{addr} decisions          # a supervised agent waits for you"
+                )
+                lines.append(f"    prospero{addr} approve DECISION_ID")
         lines.append(f'    prospero{addr} spawn payments-api "Add a health endpoint"')
         if any(lb in {a.label for a in DEMO_ACP_FLEET} for _i, _w, lb in self.spawned):
             lines.append(

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prospero.core.bus import InProcessBus
+from prospero.core.decisions import DecisionConfig, DecisionService
+from prospero.core.drivers.acp import acp_driver_factory
 from prospero.core.emitter import Emitter
 from prospero.core.fleet.local import CalibandNetworkConfig, LocalFleet, LocalFleetConfig
 from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
@@ -21,6 +23,7 @@ from prospero.core.fleet.provider import FleetProvider
 from prospero.core.metrics import Metrics
 from prospero.core.ratecard import RateCard
 from prospero.core.retention import RetentionTask
+from prospero.core.store.decisions_sqlite import SqliteDecisionStore
 from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,11 @@ class DaemonConfig:
     log_level: str = "info"
     # Per-subscriber live-bus queue; a subscriber further behind self-heals from the store.
     bus_buffer: int = 1024
+    # Permission decisions (ADR 0006): webhook URLs notified when a decision becomes pending
+    # and when it is resolved; how long a decision left pending by a previous prosperod waits
+    # for its rejoined session to ask again before it is cancelled.
+    decision_webhooks: list[str] = field(default_factory=list)
+    decision_rejoin_grace: float = 30.0
 
     @property
     def db_path(self) -> Path:
@@ -73,6 +81,7 @@ class Runtime:
         self.bus = InProcessBus(buffer=config.bus_buffer, metrics=self.metrics)
         self.emitter: Emitter | None = None
         self.manager: FleetManager | None = None
+        self.decisions: DecisionService | None = None
         self._retention: RetentionTask | None = None
 
     async def start(self) -> None:
@@ -84,6 +93,19 @@ class Runtime:
         await self.config_store.open()
         self.emitter = Emitter(self.store, self.bus, self.metrics)
         await self.emitter.start()
+        self.decisions = DecisionService(
+            SqliteDecisionStore(cfg.db_path),
+            self.emitter,
+            self.metrics,
+            DecisionConfig(
+                webhooks=list(cfg.decision_webhooks),
+                rejoin_grace=cfg.decision_rejoin_grace,
+            ),
+        )
+        await self.decisions.start()
+        factories = default_driver_factories()
+        # Supervised ACP agents' permission requests become pending decisions.
+        factories["acp"] = acp_driver_factory(broker=self.decisions)
         provider = self._provider_override or LocalFleet(
             LocalFleetConfig(
                 autostart=cfg.autostart,
@@ -106,7 +128,8 @@ class Runtime:
                 allow_acp=cfg.allow_acp,
                 default_env=cfg.default_env,
             ),
-            driver_factories=default_driver_factories(),
+            driver_factories=factories,
+            decisions=self.decisions,
         )
         await self.manager.start()
         if cfg.retention_days > 0:
@@ -117,8 +140,14 @@ class Runtime:
         """Stop attach tasks and the poll loop, flush the emitter, close the stores."""
         if self._retention is not None:
             await self._retention.stop()
+        if self.decisions is not None:
+            # Asks abandoned by the stopping drivers stay pending for the next prosperod.
+            self.decisions.begin_shutdown()
         if self.manager is not None:
             await self.manager.stop()
+        if self.decisions is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.decisions.close(), 10.0)
         if self.emitter is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.emitter.close(), 10.0)

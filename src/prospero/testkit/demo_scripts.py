@@ -30,7 +30,7 @@ from typing import Any
 from prospero.testkit import acp_scripts as acp
 from prospero.testkit.acp_scripts import AcpScript
 from prospero.testkit.scripts import Script, message, text_block
-from prospero.types.model import DriveProtocol
+from prospero.types.model import DriveProtocol, Posture
 
 DEMO_MODEL = "claude-sonnet-4-6"
 # Tokens a real agent spends on the system prompt and tool schemas before any message.
@@ -881,6 +881,7 @@ class DemoAgent:
     shared_tree: bool = False
     drive_protocol: DriveProtocol = "ndjson"
     acp_build: Callable[..., AcpScript] | None = None
+    posture: Posture | None = None
 
 
 DEMO_FLEET: tuple[DemoAgent, ...] = (
@@ -936,6 +937,17 @@ DEMO_FLEET: tuple[DemoAgent, ...] = (
         generic_session,  # NDJSON fallback, unused: ACP agents play `acp_build`
         drive_protocol="acp",
         acp_build=acp_currency_audit,
+    ),
+    DemoAgent(
+        "payments-api",
+        "acp-supervised-edit",
+        "Handle empty input in src/app.py",
+        DEMO_MODEL,
+        generic_session,  # NDJSON fallback, unused
+        drive_protocol="acp",
+        acp_build=acp_generic_session,
+        # Stops on its permission request until someone runs `prospero approve ID`.
+        posture="supervised",
     ),
 )
 

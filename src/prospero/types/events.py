@@ -161,6 +161,62 @@ class TurnLost(_Kind):
     reason: str = ""
 
 
+class DecisionToolCall(BaseModel):
+    """The tool call a permission decision is about (as the agent described it when asking)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str = ""
+    title: str = ""
+    kind: str | None = None
+    input: Any = None
+
+
+class DecisionOption(BaseModel):
+    """One answer the agent offered: `kind` is allow_once | allow_always | reject_once |
+    reject_always (an unknown kind is kept as is)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    label: str = ""
+    kind: str = ""
+
+
+class DecisionPending(_Kind):
+    """Prospero addition: an agent asks permission and a human is to decide (a supervised
+    agent's request that no policy or session rule answered). See
+    docs/adr/0006-permission-decisions.md."""
+
+    kind: Literal["decision_pending"] = "decision_pending"
+    id: str = ""
+    tool_call: DecisionToolCall = Field(default_factory=DecisionToolCall)
+    options: list[DecisionOption] = Field(default_factory=list)
+    created_at: str = ""
+    # RFC 3339; null = waits indefinitely.
+    deadline: str | None = None
+    posture: str | None = None
+
+
+class DecisionResolved(_Kind):
+    """Prospero addition: a permission decision ended. `state` is decided | expired |
+    cancelled; `by` names who answered (an API token name or "anonymous", "policy", "rule",
+    "timeout", "cancel", "restart"); `rule` names the policy or session rule of an automatic
+    answer."""
+
+    kind: Literal["decision_resolved"] = "decision_resolved"
+    id: str = ""
+    tool_call: DecisionToolCall = Field(default_factory=DecisionToolCall)
+    state: str = ""
+    option_id: str | None = None
+    option_kind: str | None = None
+    option_label: str | None = None
+    by: str | None = None
+    note: str | None = None
+    rule: str | None = None
+    decided_at: str | None = None
+
+
 EventKind = Annotated[
     AgentSpawned
     | AgentDiscovered
@@ -175,7 +231,9 @@ EventKind = Annotated[
     | StorePersistFailed
     | RepoHealth
     | StreamGap
-    | TurnLost,
+    | TurnLost
+    | DecisionPending
+    | DecisionResolved,
     Field(discriminator="kind"),
 ]
 
@@ -303,16 +361,35 @@ class FleetEvent(BaseModel):
 _FLEET_EVENT_FIELDS_SET = {"seq", "ts", "repo", "agent_id", "kind"}
 
 
+# How an `EventRun` holds a kind: an `Output` (nearly every event of a busy stream) as its
+# (stream, chunk) pair, any other kind as itself. A tuple of two strings is not followed by the
+# cyclic GC, so a backlog of queued output costs the GC nothing; the model is rebuilt to publish.
+CompactKind = EventKind | tuple[str, str]
+
+
+def compact_kind(kind: EventKind) -> CompactKind:
+    if type(kind) is Output:
+        d = kind.__dict__
+        return (d["stream"], d["chunk"])
+    return kind
+
+
+def expand_kind(kind: CompactKind) -> EventKind:
+    if type(kind) is tuple:
+        return output_event(kind[0], kind[1])  # type: ignore[arg-type]
+    return kind  # type: ignore[return-value]
+
+
 class EventRun:
     """Consecutive events of one stream stamped with one `ts`: seqs `first_seq`,
-    `first_seq + 1`, ... for `kinds` in order. The compact, not yet materialised form of those
-    `FleetEvent`s (the emitter queues and stores these; `events()` builds the models), so that a
-    burst of events costs one object per event (its kind) until it is published."""
+    `first_seq + 1`, ... for `kinds` (`CompactKind`s) in order. The compact, not yet
+    materialised form of those `FleetEvent`s: the emitter queues runs and the store writes them,
+    and `events()` builds the models only when they are published."""
 
     __slots__ = ("agent_id", "first_seq", "kinds", "repo", "ts")
 
     def __init__(
-        self, repo: str, agent_id: str, ts: str, first_seq: int, kinds: list[EventKind]
+        self, repo: str, agent_id: str, ts: str, first_seq: int, kinds: list[CompactKind]
     ) -> None:
         self.repo = repo
         self.agent_id = agent_id
@@ -324,16 +401,20 @@ class EventRun:
         return len(self.kinds)
 
     def __repr__(self) -> str:
-        return (
-            f"EventRun({self.stream_key!r}, seq {self.first_seq}..{self.first_seq + len(self) - 1})"
-        )
+        last = self.first_seq + len(self) - 1
+        return f"EventRun({self.stream_key!r}, seq {self.first_seq}..{last})"
 
     @property
     def stream_key(self) -> str:
         return stream_key_for(self.repo, self.agent_id)
 
     def events(self) -> list[FleetEvent]:
-        return FleetEvent.trusted_batch(self.first_seq, self.ts, self.repo, self.agent_id, self.kinds)
+        return [
+            FleetEvent.trusted(
+                self.first_seq + i, self.ts, self.repo, self.agent_id, expand_kind(k)
+            )
+            for i, k in enumerate(self.kinds)
+        ]
 
     def split(self, n: int) -> tuple[EventRun, EventRun]:
         """The first `n` events and the rest."""
@@ -344,6 +425,7 @@ class EventRun:
 
     def renumbered(self, first_seq: int) -> EventRun:
         return EventRun(self.repo, self.agent_id, self.ts, first_seq, self.kinds)
+
 
 # The concrete EventKind classes (exact types accepted by `FleetEvent.trusted`).
 EVENT_KIND_TYPES: frozenset[type[BaseModel]] = frozenset(
@@ -362,6 +444,8 @@ EVENT_KIND_TYPES: frozenset[type[BaseModel]] = frozenset(
         RepoHealth,
         StreamGap,
         TurnLost,
+        DecisionPending,
+        DecisionResolved,
     }
 )
 

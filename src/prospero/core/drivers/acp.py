@@ -356,7 +356,7 @@ class _Client:
         options: list[s.PermissionOption],
         **meta: Any,
     ) -> s.RequestPermissionResponse:
-        return await self._driver._decide_permission(session_id, tool_call, options)
+        return await self._driver._answer_permission(session_id, tool_call, options)
 
     def _unserved(self, method: str) -> acp.RequestError:
         return acp.RequestError.method_not_found(method)
@@ -467,6 +467,14 @@ class AcpDriver:
         self._drained = asyncio.Event()
         self._drained.set()
         self._delivering = False
+        # Slots queued / events handed to the sink so far (a broker's flush waits on these).
+        self._pushed = 0
+        self._handed = 0
+        self._progress = asyncio.Event()
+        # Permission requests being decided (close() lets their answers out first).
+        self._permissions_waiting = 0
+        self._permissions_idle = asyncio.Event()
+        self._permissions_idle.set()
         self._pump_task: asyncio.Task[None] | None = None
         self._pump_error: BaseException | None = None
         self._saved: bytes | None = None
@@ -592,6 +600,14 @@ class AcpDriver:
         if conn is not None and sid is not None and self._in_flight is not None:
             self._cancel_sent = True
             self._turn_cancel.set()
+            if self._permissions_waiting:
+                # Pending permission requests now answer `cancelled`: let those answers reach
+                # the SDK's (FIFO) sender before session/cancel, so they are written before
+                # the connection is cut (writing after the abort fails noisily in the SDK).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._permissions_idle.wait(), 1.0)
+                for _ in range(3):
+                    await asyncio.sleep(0)
             if self._prompt_queued:
                 await self._send_cancel(conn, sid, 1.0)
         if self._writer is not None:
@@ -1109,6 +1125,7 @@ class AcpDriver:
         slot = _Slot(None)
         st.slot = slot
         self._out.append(slot)
+        self._pushed += 1
         self._drained.clear()
         with contextlib.suppress(RuntimeError):
             loop = asyncio.get_running_loop()
@@ -1256,6 +1273,18 @@ class AcpDriver:
 
     # ---- permissions -------------------------------------------------------------------------
 
+    async def _answer_permission(
+        self, session_id: str, tool_call: s.ToolCallUpdate, options: list[s.PermissionOption]
+    ) -> s.RequestPermissionResponse:
+        self._permissions_waiting += 1
+        self._permissions_idle.clear()
+        try:
+            return await self._decide_permission(session_id, tool_call, options)
+        finally:
+            self._permissions_waiting -= 1
+            if not self._permissions_waiting:
+                self._permissions_idle.set()
+
     async def _decide_permission(
         self, session_id: str, tool_call: s.ToolCallUpdate, options: list[s.PermissionOption]
     ) -> s.RequestPermissionResponse:
@@ -1275,6 +1304,8 @@ class AcpDriver:
             options=tuple(PermissionOption(o.option_id, o.name, o.kind) for o in options),
             posture=spec.permission_posture if spec is not None else None,
             turn=self._in_flight if self._in_flight is not None else max(0, self._turns - 1),
+            workspace=self.target.workspace,
+            flush=self._flush_out,
         )
         cancelled = self._turn_cancel
         outcome = PermissionOutcome.cancelled("cancel")
@@ -1323,6 +1354,7 @@ class AcpDriver:
 
     def _push(self, ev: EventKind) -> None:
         self._out.append(_Slot(ev))
+        self._pushed += 1
         self._drained.clear()
         self._wake.set()
 
@@ -1346,6 +1378,8 @@ class AcpDriver:
                                 await self.sink(ev)
                     finally:
                         self._delivering = False
+                    self._handed += len(batch)
+                    self._progress.set()
                 if not self._out:
                     self._drained.set()
                 self._wake.clear()
@@ -1356,6 +1390,22 @@ class AcpDriver:
             self._pump_error = e
             self._drained.set()
             log.warning("agent %s: event sink failed: %r", self.target.agent_id, e)
+
+    async def _flush_out(self, limit: float = 2.0) -> None:
+        """Wait until the events queued so far have been handed to the sink: a permission
+        broker calls it (`PermissionRequest.flush`) before putting its own events on the
+        agent's stream. Bounded; returns early when no pump runs."""
+        target = self._pushed
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while self._handed < target:
+            pump = self._pump_task
+            left = deadline - loop.time()
+            if pump is None or pump.done() or self._pump_error is not None or left <= 0:
+                return
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), left)
 
     async def _drain_out(self) -> None:
         """Wait until every queued event has been handed to the sink (held tool starts are

@@ -35,6 +35,7 @@ from prospero.core.errors import (
     Unsupported,
     WorkspaceNotFound,
 )
+from prospero.core.fleet.provider import FleetProvider
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership, SelfOwnsAll
 from prospero.core.provider_env import check_spawnable, validate_config
@@ -42,17 +43,18 @@ from prospero.core.ratecard import RateCard
 from prospero.core.sources import canonical_root, discover_sources
 from prospero.core.store.base import ConfigStore, EventStore
 from prospero.core.wire.control import AgentRecord, Endpoint, SpawnSpec
-from prospero.core.fleet.provider import FleetProvider
 from prospero.types.api import Readiness, SpawnedResponse, SpawnRequest, WorkspaceSummary
 from prospero.types.events import (
     AgentDiscovered,
     AgentGone,
     AgentSpawned,
+    CompactKind,
     EventKind,
     FleetEvent,
     RepoHealth,
     StatusChanged,
     TurnLost,
+    expand_kind,
     now_ts,
     stream_key_for,
 )
@@ -61,6 +63,7 @@ from prospero.types.model import (
     AgentStatus,
     FleetSnapshot,
     Healthy,
+    Posture,
     RegisteredWorkspace,
     RepoProviderConfig,
     Unreachable,
@@ -79,6 +82,16 @@ class CursorStoreLike(Protocol):
     async def save_cursor(self, key: str, data: bytes) -> None: ...
 
     async def load_cursor(self, key: str) -> bytes | None: ...
+
+
+class DecisionHooks(Protocol):
+    """The pending-decision surface (prospero.core.decisions.DecisionService): the manager
+    resolves an agent's pending permission asks when it kills, cancels, removes or sees the
+    agent end, and stamps a workspace's default posture on spawns that choose none."""
+
+    async def cancel_agent(self, agent_id: str, reason: str) -> int: ...
+
+    async def default_posture(self, workspace: str) -> Posture | None: ...
 
 
 class DriverFactory(Protocol):
@@ -142,13 +155,13 @@ class _AgentSink:
     async def __call__(self, kind: EventKind) -> None:
         await self.emitter.emit(self.repo, self.agent_id, kind)
 
-    async def emit_batch(self, kinds: list[EventKind]) -> None:
+    async def emit_batch(self, kinds: list[CompactKind]) -> None:
         emit_many = getattr(self.emitter, "emit_many", None)
         if emit_many is not None:
             await emit_many(self.repo, self.agent_id, kinds)
             return
         for kind in kinds:
-            await self.emitter.emit(self.repo, self.agent_id, kind)
+            await self.emitter.emit(self.repo, self.agent_id, expand_kind(kind))
 
 
 def agent_from_record(workspace: str, rec: AgentRecord) -> Agent:
@@ -180,6 +193,7 @@ class FleetManager:
         *,
         driver_factories: dict[str, DriverFactory] | None = None,
         ownership: Ownership | None = None,
+        decisions: DecisionHooks | None = None,
     ) -> None:
         self.provider = provider
         self.config_store = config_store
@@ -189,6 +203,7 @@ class FleetManager:
         self.config = config or FleetConfig()
         self.driver_factories = dict(driver_factories or {})
         self.ownership = ownership or SelfOwnsAll()
+        self.decisions = decisions
         self._workspaces: dict[str, RegisteredWorkspace] = {}
         self._health: dict[str, WorkspaceHealth] = {}
         self._listed: dict[str, dict[str, AgentRecord]] = {}
@@ -196,6 +211,7 @@ class FleetManager:
         self._registry_lock = asyncio.Lock()
         self._poll_locks: dict[str, asyncio.Lock] = {}
         self._poll_task: asyncio.Task[None] | None = None
+        self._closing_tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._started = time.monotonic()
 
@@ -314,6 +330,7 @@ class FleetManager:
             if rec.status.terminal:
                 if slot.terminal_since is None:
                     slot.terminal_since = time.monotonic()
+                    await self._cancel_asks(rec.id, f"the agent is {rec.status.value}")
             else:
                 slot.terminal_since = None
                 self._ensure_driver(ws, rec)
@@ -322,6 +339,7 @@ class FleetManager:
             if slot is not None and slot.record is not None and slot.workspace == ws.name:
                 slot.record = None
                 await self.emitter.emit(ws.name, gone_id, AgentGone())
+                await self._cancel_asks(gone_id, "the agent is gone")
                 await self._close_driver(gone_id)
 
     def _close_stale_drivers(self) -> None:
@@ -335,7 +353,9 @@ class FleetManager:
                 and slot.task is not None
                 and not slot.task.done()
             ):
-                asyncio.create_task(self._close_driver(agent_id))
+                task = asyncio.create_task(self._close_driver(agent_id))
+                self._closing_tasks.add(task)
+                task.add_done_callback(self._closing_tasks.discard)
 
     # ------------------------------------------------------------------ drivers
 
@@ -407,6 +427,18 @@ class FleetManager:
             return
         with contextlib.suppress(Exception):
             await self.emitter.emit(slot.workspace, agent_id, TurnLost(turn=turn, reason=reason))
+
+    async def _cancel_asks(self, agent_id: str, reason: str) -> None:
+        """Resolve the agent's pending permission decisions as cancelled (best effort)."""
+        if self.decisions is None:
+            return
+        try:
+            n = await self.decisions.cancel_agent(agent_id, reason)
+        except Exception as e:
+            log.warning("agent %s: cannot cancel its pending decisions: %s", agent_id, e)
+            return
+        if n:
+            log.info("agent %s: %d pending decision(s) cancelled: %s", agent_id, n, reason)
 
     async def _close_driver(self, agent_id: str) -> None:
         slot = self._slots.get(agent_id)
@@ -566,6 +598,9 @@ class FleetManager:
             if req.drive_protocol not in self.driver_factories:
                 raise Conflict(f"this build has no '{req.drive_protocol}' driver")
         check_spawnable(ws.config, self.config.default_env, os.environ)
+        posture = req.posture
+        if posture is None and self.decisions is not None:
+            posture = await self.decisions.default_posture(ws.name)
         spec = SpawnSpec(
             label=req.label,
             frontmatter_path=req.frontmatter_path,
@@ -577,7 +612,7 @@ class FleetManager:
             inherit_hooks=True,
             interactive=req.interactive,
             drive_protocol=req.drive_protocol,
-            permission_posture=req.posture,
+            permission_posture=posture,
         )
         reply = await self.provider.spawn(ws, spec)
         slot = self._slots.setdefault(reply.id, _AgentSlot(workspace=ws.name))
@@ -609,6 +644,7 @@ class FleetManager:
 
     async def kill(self, agent_id: str) -> None:
         ws, slot = self._slot(agent_id)
+        await self._cancel_asks(agent_id, "the agent was killed")
         if slot.driver is not None and slot.record is not None:
             if slot.record.spec.drive_protocol != "ndjson":
                 with contextlib.suppress(ProsperoError):
@@ -617,7 +653,7 @@ class FleetManager:
         await self.poll_workspace(ws.name)
 
     async def respawn(self, agent_id: str) -> str:
-        ws, slot = self._slot(agent_id)
+        ws, _slot = self._slot(agent_id)
         new_id = await self.provider.respawn(ws, agent_id)
         new_slot = self._slots.setdefault(new_id, _AgentSlot(workspace=ws.name))
         new_slot.workspace = ws.name
@@ -628,6 +664,7 @@ class FleetManager:
     async def remove(self, agent_id: str, force: bool = False) -> None:
         ws, slot = self._slot(agent_id)
         await self.provider.remove(ws, agent_id, force)
+        await self._cancel_asks(agent_id, "the agent was removed")
         slot.record = None
         self._listed.get(ws.name, {}).pop(agent_id, None)
         await self.emitter.emit(ws.name, agent_id, AgentGone())
@@ -662,6 +699,7 @@ class FleetManager:
         assert slot.record is not None
         if slot.record.status.terminal:
             raise InvalidState("cancel the turn of", agent_id, slot.record.status.value)
+        await self._cancel_asks(agent_id, "the turn was cancelled")
         try:
             await self._driver_for(ws, slot).cancel_turn()
         except Unsupported as e:

@@ -1,0 +1,71 @@
+"""The issue's "done when": in `prospero demo` (a real process), a supervised ACP agent stops on
+a permission request, `prospero decisions` lists it, `prospero approve ID` lets the agent
+finish, and the audit shows who approved."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.daemon.test_demo import DemoProcess, cli, wait_for
+
+LABEL = "acp-supervised-edit"
+
+
+@pytest.fixture
+def demo() -> Iterator[DemoProcess]:
+    d = DemoProcess()
+    try:
+        yield d
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(10)
+
+
+def test_demo_supervised_agent_waits_for_approval(demo: DemoProcess) -> None:
+    url = demo.wait_banner()
+    assert "prospero --addr" in demo.banner_text() and " decisions " in demo.banner_text()
+    fleet = httpx.get(f"{url}/api/fleet", timeout=10).json()
+    agent = next(a for w in fleet["workspaces"] for a in w["agents"] if a["label"] == LABEL)
+    assert (agent["drive_protocol"], agent["posture"]) == ("acp", "supervised")
+
+    def pending() -> list[dict[str, Any]] | None:
+        res = cli(url, "decisions", "--agent", agent["id"], "-o", "json")
+        assert res.returncode == 0, res.stderr
+        rows = json.loads(res.stdout)
+        return rows or None
+
+    [d] = wait_for(pending, 60, "the supervised agent's permission request")
+    assert d["tool_call"]["title"] == "Edit src/app.py" and d["state"] == "pending"
+    listing = cli(url, "decisions")
+    assert listing.returncode == 0 and d["id"] in listing.stdout
+    # The agent is stopped on the request: no finish yet.
+    events = httpx.get(f"{url}/api/agents/{agent['id']}/events", timeout=10).json()
+    assert not any(e["kind"]["kind"] == "agent_finished" for e in events)
+
+    res = cli(url, "approve", d["id"], "--note", "demo approval")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"approved {d['id']} (Allow once: Edit src/app.py) as anonymous"
+    res = cli(url, "follow", agent["id"])
+    assert res.returncode == 0, res.stderr
+    assert "⏸ permission asked: Edit src/app.py (edit)" in res.stdout
+    assert "✔ permission Edit src/app.py (edit): allowed (Allow once) by anonymous" in res.stdout
+    assert "✓ Edit src/app.py" in res.stdout and "[finished] EndOfTurn" in res.stdout
+
+    audit = cli(url, "decisions", "--state", "all", "--agent", agent["id"], "-o", "json")
+    [a] = json.loads(audit.stdout)
+    assert (a["state"], a["decided_by"], a["note"], a["option_id"]) == (
+        "decided",
+        "anonymous",
+        "demo approval",
+        "allow-once",
+    )
+    demo.proc.send_signal(signal.SIGTERM)
+    assert demo.proc.wait(30) == 0, "".join(demo.stderr)
+    assert "Traceback" not in "".join(demo.stderr)
