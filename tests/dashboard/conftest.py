@@ -3,7 +3,9 @@ port + fake calibands on the Unix sockets discovery expects) driven by Debian's 
 through Playwright (its pip package bundles the driver; browsers are never downloaded).
 
 Agents play scripts chosen by their prompt's first word (`paced:`, `xss:`, `slow:`, `tools:`),
-so a label stays free for the tests (the XSS test puts markup in it).
+so a label stays free for the tests (the XSS test puts markup in it). ACP agents (stacks made
+with `allow_acp=True`, spawned with `drive_protocol="acp"`) play the scripted ACP peer's
+sessions chosen the same way (`ask:`, `twice:`; see `acp_script_for`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from prospero.core.discovery import socket_path_for
 from prospero.core.sources import canonical_root
 from prospero.core.wire.control import SpawnSpec
 from prospero.daemon.runtime import DaemonConfig, Runtime
+from prospero.testkit import acp_scripts as acp
 from prospero.testkit import scripts
 from prospero.testkit.fake_caliband import FakeCaliband
 from tests.support import REPO, short_tmpdir, wait_until
@@ -147,6 +150,55 @@ def script_for(spec: SpawnSpec) -> scripts.Script:
     return scripts.text_script(3)
 
 
+# ACP: a tool call that asks permission (session/request_permission with the four default
+# options: Allow once, Allow always, Reject once, Reject always).
+ASK_TITLE = "Run the test suite"
+ASK_INPUT = {"command": "make test", "timeout": 120}
+
+
+def ask_steps(tid: str, title: str = ASK_TITLE, raw_input: Any = None) -> list[acp.Step]:
+    raw = raw_input if raw_input is not None else ASK_INPUT
+    return [
+        acp.tool_call(tid, title, "execute", raw_input=raw, status="pending"),
+        acp.permission(
+            tid,
+            title=title,
+            kind="execute",
+            raw_input=raw,
+            on_allow=[
+                acp.tool_update(tid, status="completed", raw_output="4 passed"),
+                acp.text(f" {tid} ran."),
+            ],
+            on_reject=[
+                acp.tool_update(tid, status="failed", raw_output="Permission denied"),
+                acp.text(f" {tid} skipped."),
+            ],
+        ),
+    ]
+
+
+def acp_script_for(spec: SpawnSpec) -> acp.AcpScript:
+    """`ask:` one permission request; `twice:` the same request twice in one session (the
+    second comes after the first is answered); anything else: echo the prompt."""
+    word = (spec.initial_prompt or "").split(":", 1)[0].strip()
+    if word == "ask":
+        return acp.AcpScript(
+            turns=[[acp.text("Checking."), *ask_steps("call_run"), acp.stop("end_turn")]]
+        )
+    if word == "twice":
+        return acp.AcpScript(
+            turns=[
+                [
+                    acp.text("Checking."),
+                    *ask_steps("call_1"),
+                    *ask_steps("call_2"),
+                    acp.stop("end_turn"),
+                ]
+            ]
+        )
+    return acp.AcpScript()
+
+
 # ------------------------------------------------------------------------------- stack
 
 
@@ -168,7 +220,10 @@ class DashStack:
         canon = canonical_root(str(root))
         if fake:
             self.fakes[name] = await FakeCaliband.start_unix(
-                socket_path_for(canon), root=canon, script_for=script_for
+                socket_path_for(canon),
+                root=canon,
+                script_for=script_for,
+                acp_script_for=acp_script_for,
             )
         assert self.runtime.manager is not None
         await self.runtime.manager.add_workspace(name, str(root))
@@ -220,7 +275,10 @@ async def make_stack(
     stacks: list[DashStack] = []
 
     async def factory(
-        *, tokens: dict[str, str] | None = None, workspaces: tuple[str, ...] = ("ws",)
+        *,
+        tokens: dict[str, str] | None = None,
+        workspaces: tuple[str, ...] = ("ws",),
+        allow_acp: bool = False,
     ) -> DashStack:
         tmp = tmp_path / f"stack{len(stacks)}"
         tmp.mkdir()
@@ -232,6 +290,7 @@ async def make_stack(
             poll_interval=0.05,
             api_tokens=dict(tokens or {}),
             host_label="dash-test",
+            allow_acp=allow_acp,
         )
         runtime = Runtime(cfg)
         await runtime.start()

@@ -921,8 +921,6 @@ class DecisionService:
                 )
                 # In place before the agent hears the answer (it may ask again at once).
                 self._remember_rule(srule)
-        if live is not None and not live.future.done():
-            live.future.set_result(updated)
         if state == "cancelled":
             self.metrics.inc(DECISIONS_CANCELLED)
         if srule is not None:
@@ -934,7 +932,11 @@ class DecisionService:
         if live is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(live.announced.wait(), 10.0)
+        # Recorded before the agent hears the answer: in the agent's history the answer comes
+        # before what the agent does with it (its tool's result, its next ask).
         await self._emit(updated, resolved_event(updated))
+        if live is not None and not live.future.done():
+            live.future.set_result(updated)
         self.webhooks.notify("decision_resolved", updated)
         log.info(
             "decision %s (agent %s, %r): %s%s by %s%s",

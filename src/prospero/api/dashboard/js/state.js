@@ -33,7 +33,7 @@ export const store = {
   stale: false,
   error: "",
   conn: "connecting",
-  decisions: { available: null, items: new Map(), error: "" },
+  decisions: { available: null, items: new Map(), error: "", loads: 0 },
 };
 
 let fleetStream = null;
@@ -223,6 +223,21 @@ function decisionOf(ev) {
   return normaliseDecision(k.decision && typeof k.decision === "object" ? k.decision : k, ev);
 }
 
+// A GET snapshot can be older than the events that arrived while it was in flight: it must
+// neither bring back an answered decision nor drop an ask that arrived meanwhile. Answered
+// ids are remembered (a decision never becomes pending again), and every decision event bumps
+// a counter that live-added asks carry.
+let decisionsReq = 0;
+let decisionEvents = 0;
+const answered = new Set();
+const ANSWERED_MAX = 2000;
+
+function markAnswered(id) {
+  decisionEvents += 1;
+  answered.add(id);
+  if (answered.size > ANSWERED_MAX) answered.delete(answered.values().next().value);
+}
+
 export function pendingDecisions() {
   return [...store.decisions.items.values()].sort((a, b) =>
     String(a.created_at || "").localeCompare(String(b.created_at || "")),
@@ -231,16 +246,25 @@ export function pendingDecisions() {
 
 export async function refreshDecisions() {
   const dec = store.decisions;
+  const my = ++decisionsReq;
+  const since = decisionEvents;
   try {
     const list = await get("/api/decisions?state=pending");
-    dec.available = true;
-    dec.error = "";
-    dec.items = new Map();
+    if (my !== decisionsReq) return; // a newer refresh is on its way
+    const items = new Map();
     for (const d of Array.isArray(list) ? list : list?.decisions || []) {
       const n = normaliseDecision(d);
-      if (n.id && n.state === "pending") dec.items.set(n.id, n);
+      if (n.id && n.state === "pending" && !answered.has(n.id)) items.set(n.id, n);
     }
+    for (const [id, d] of dec.items) {
+      if (d.liveSince > since && !items.has(id)) items.set(id, d); // asked after the snapshot
+    }
+    dec.available = true;
+    dec.error = "";
+    dec.items = items;
+    dec.loads += 1;
   } catch (e) {
+    if (my !== decisionsReq) return;
     if (e instanceof ApiError && (e.status === 404 || e.status === 405)) {
       dec.available = false;
       dec.items = new Map();
@@ -253,7 +277,9 @@ export async function refreshDecisions() {
 
 function decisionPending(ev) {
   const d = decisionOf(ev);
-  if (!d.id) return;
+  if (!d.id || answered.has(d.id)) return;
+  decisionEvents += 1;
+  d.liveSince = decisionEvents;
   if (store.decisions.available !== true) {
     refreshDecisions();
     return;
@@ -266,7 +292,9 @@ function decisionPending(ev) {
 
 function decisionResolved(ev) {
   const d = decisionOf(ev);
-  if (d.id && store.decisions.items.delete(d.id)) {
+  if (!d.id) return;
+  markAnswered(d.id);
+  if (store.decisions.items.delete(d.id)) {
     emit("decisions", store.decisions);
     emit("decision-resolved", d);
   }
@@ -280,12 +308,14 @@ export async function decide(id, optionId, note) {
     await post(`/api/decisions/${enc(id)}`, body);
   } catch (e) {
     if (e instanceof ApiError && (e.status === 409 || e.status === 404)) {
+      markAnswered(id);
       store.decisions.items.delete(id);
       emit("decisions", store.decisions);
       refreshDecisions();
     }
     throw e;
   }
+  markAnswered(id);
   store.decisions.items.delete(id);
   emit("decisions", store.decisions);
   return "ok";

@@ -31,6 +31,7 @@ export class Timeline {
     this.finished = false;
     this.totals = { input: null, output: null, cost: null, turns: 0, outcome: null };
     this.model = null;
+    this.asks = new Map(); // decision id -> the "open the inbox" link of its pending marker
   }
 
   _entry(kind, seq, ts, ...body) {
@@ -144,7 +145,10 @@ export class Timeline {
         const d = k.decision || k;
         const title = d.tool_call?.title || d.tool_call?.kind || "a tool call";
         const el = this._marker("decision", seq, ts, "ask", `Permission requested: ${title} `);
-        el.querySelector(".tl-body").append(h("a", { href: "#/approvals", class: "link" }, "open the inbox"));
+        if (d.id != null) el.dataset.decisionId = String(d.id);
+        const link = h("a", { href: "#/approvals", class: "link" }, "open the inbox");
+        el.querySelector(".tl-body").append(link);
+        if (d.id != null) this.asks.set(String(d.id), link);
         break;
       }
       case "decision_resolved": {
@@ -157,6 +161,12 @@ export class Timeline {
             ? `Permission answered: ${d.option_label || d.option_id || "?"}${who ? ` (by ${who})` : ""}`
             : `Permission request ${state}${who ? ` (${who})` : ""}`;
         const el = this._marker("decision", seq, ts, "info", title ? `${text} — ${title}` : text);
+        if (d.id != null) {
+          el.dataset.decisionId = String(d.id);
+          // Answered: the inbox no longer has it.
+          this.asks.get(String(d.id))?.remove();
+          this.asks.delete(String(d.id));
+        }
         if (d.note) el.querySelector(".tl-body").append(h("div", { class: "muted" }, `Note: ${d.note}`));
         break;
       }

@@ -23,8 +23,16 @@ function deadlineText(deadline) {
   return `answers itself in ${fmtAge(Date.now() - left)}`;
 }
 
-function decisionCard(d) {
+function agentName(d) {
   const agent = state.findAgent(d.agent_id);
+  return agent?.label || agent?.name || shortId(d.agent_id);
+}
+
+function agentWorkspace(d) {
+  return ` · ${d.workspace || state.findAgent(d.agent_id)?.workspace || ""}`;
+}
+
+function decisionCard(d) {
   const tc = d.tool_call || {};
   const note = h("input", {
     class: "input note-input",
@@ -54,6 +62,13 @@ function decisionCard(d) {
     );
     return btn;
   });
+  // An ask can arrive before the fleet snapshot knows its (just spawned) agent: the name is
+  // filled in again on every fleet update (see mount()).
+  const agentLink = h("a", { href: `#/agents/${encodeURIComponent(d.agent_id)}`, class: "link", dataset: { field: "agent" } }, agentName(d));
+  const agentWs = h("span", { class: "muted" }, agentWorkspace(d));
+  const askedText = () => ` · asked ${fmtAge(d.created_at)} ago`;
+  const askedEl = d.created_at ? h("span", { class: "muted", title: d.created_at, dataset: { field: "asked" } }, askedText()) : null;
+  const deadlineEl = h("span", { class: "muted", title: d.deadline || "", dataset: { field: "deadline" } }, ` · ${deadlineText(d.deadline)}`);
   const card = h(
     "article",
     { class: "card decision", dataset: { decisionId: d.id } },
@@ -68,10 +83,10 @@ function decisionCard(d) {
           "div",
           { class: "decision-sub" },
           tc.kind ? tag(tc.kind, "tag-kind") : null,
-          h("a", { href: `#/agents/${encodeURIComponent(d.agent_id)}`, class: "link" }, agent?.label || agent?.name || shortId(d.agent_id)),
-          h("span", { class: "muted" }, ` · ${d.workspace || agent?.workspace || ""}`),
-          d.created_at ? h("span", { class: "muted", title: d.created_at }, ` · asked ${fmtAge(d.created_at)} ago`) : null,
-          h("span", { class: "muted", title: d.deadline || "" }, ` · ${deadlineText(d.deadline)}`),
+          agentLink,
+          agentWs,
+          askedEl,
+          deadlineEl,
         ),
       ),
     ),
@@ -79,6 +94,15 @@ function decisionCard(d) {
     h("pre", { class: "code", dataset: { field: "input" } }, prettyJson(tc.input ?? null)),
     h("div", { class: "decision-actions" }, note, h("div", { class: "option-buttons" }, buttons)),
   );
+  card.refreshAgent = () => {
+    agentLink.textContent = agentName(d);
+    agentWs.textContent = agentWorkspace(d);
+  };
+  // Ages and the deadline count down while the card is open.
+  card.refreshTimes = () => {
+    if (askedEl) askedEl.textContent = askedText();
+    deadlineEl.textContent = ` · ${deadlineText(d.deadline)}`;
+  };
   return card;
 }
 
@@ -103,6 +127,7 @@ export function mount(root) {
 
   function render() {
     const dec = state.store.decisions;
+    listEl.dataset.loads = String(dec.loads); // snapshots applied (tests wait on it)
     renderNotify();
     if (dec.available === null) {
       replace(listEl, emptyState("Loading…", ""));
@@ -147,6 +172,17 @@ export function mount(root) {
   );
   render();
   state.refreshDecisions();
-  const off = state.on("decisions", render);
-  return () => off();
+  const offs = [
+    state.on("decisions", render),
+    state.on("fleet", () => {
+      for (const card of cards.values()) card.refreshAgent();
+    }),
+  ];
+  const timer = setInterval(() => {
+    for (const card of cards.values()) card.refreshTimes();
+  }, 1000);
+  return () => {
+    clearInterval(timer);
+    offs.forEach((off) => off());
+  };
 }
