@@ -110,7 +110,7 @@ class Session:
         res = await asyncio.wait_for(self.conn.new_session(cwd=cwd, mcp_servers=[]), T)
         return res.session_id
 
-    async def prompt(self, sid: str, text: str, timeout: float = T) -> str:  # noqa: ASYNC109
+    async def prompt(self, sid: str, text: str, timeout: float = T) -> str:
         res = await asyncio.wait_for(
             self.conn.prompt(session_id=sid, prompt=[{"type": "text", "text": text}]), timeout
         )

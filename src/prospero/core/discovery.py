@@ -79,7 +79,7 @@ def effective_env(overlay: Mapping[str, str] | None) -> dict[str, str]:
     return merged
 
 
-async def probe_unix(path: str, timeout: float = PROBE_TIMEOUT) -> bool:  # noqa: ASYNC109
+async def probe_unix(path: str, timeout: float = PROBE_TIMEOUT) -> bool:
     """True when something accepts connections on the Unix socket `path`."""
     try:
         _, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
@@ -114,7 +114,7 @@ async def ensure_caliband(
     autostart: bool,
     binary: str = "caliband",
     env: Mapping[str, str] | None = None,
-    timeout: float = 10.0,  # noqa: ASYNC109 - a deadline for the whole autostart
+    timeout: float = 10.0,
 ) -> UnixEndpoint:
     """Return the control endpoint of `root`'s caliband, starting it if allowed.
 

@@ -268,7 +268,7 @@ class FakeAgentWorker:
             c.wake.set()
             c.writer.transport.abort()
 
-    async def wait_finished(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
+    async def wait_finished(self, timeout: float | None = None) -> int:
         await asyncio.wait_for(self._finished.wait(), timeout)
         assert self.exit_code is not None
         return self.exit_code
