@@ -1,10 +1,21 @@
 """The single writer of fleet events: sequencing, group commit, durable-first publish.
 
-`emit()` stamps the event (ts, per-stream seq) and queues it; one background task takes
-everything queued (up to `max_batch`), appends it to the store in one transaction, and only
-then publishes each event to the bus with its ordinal. Because publish happens after commit, a
+`emit()` stamps the event (ts, per-stream seq) and queues it; `emit_many()` does the same for
+a driver's whole read of a stream at once (one ts, consecutive seqs), queued as one compact
+`EventRun` whose `FleetEvent` models are only built to be published. Batches of everything
+queued (up to `max_batch` events) are appended to the store atomically, and only then is each
+event published to the bus with its ordinal. Because publish happens after commit, a
 subscriber that subscribes *before* reading history never misses an event (prospero-surface.md
 §1.5): anything published after it subscribed reaches it live, anything before is in the store.
+
+Committing: with a store that takes batches synchronously (`batch_submitter`, the SQLite
+store), producers themselves hand the next batch to the store's writer thread and finish
+(publish) committed ones as they emit, so commits overlap the drivers' work instead of waiting
+for a turn of the background task behind every busy driver; two batches are in flight, the
+second queued `after` the first (it writes nothing unless the first succeeded). The background
+task covers quiet periods, failures (`_recover`: later batches are requeued in order, then the
+failed one takes the slow path below) and stores without the synchronous path, which it drives
+one `append_batch` at a time.
 
 Seq is per stream key and starts at 1. The counter is seeded lazily from `store.high_water`;
 on `SeqConflict` (another writer got there first) the writer backs off a little (jittered),
@@ -28,20 +39,81 @@ import contextlib
 import logging
 import random
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future as ConcurrentFuture
+from dataclasses import dataclass
 
 from prospero.core.bus import Bus, BusItem
 from prospero.core.errors import SeqConflict, StoreError
 from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, Metrics
 from prospero.core.store.base import EventStore
 from prospero.types.events import (
+    EVENT_KIND_TYPES,
+    CompactKind,
     EventKind,
+    EventRun,
     FleetEvent,
+    Output,
     StorePersistFailed,
     now_ts,
     stream_key_for,
 )
 
 log = logging.getLogger(__name__)
+
+
+# A queued entry: one event, or a run of consecutive events of one stream (`emit_many`).
+_Entry = FleetEvent | EventRun
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """The batch the store is committing on the submit path."""
+
+    entries: list[_Entry]
+    size: int  # events
+    future: ConcurrentFuture[list[int]]
+
+
+_Submit = Callable[
+    [Sequence[_Entry], ConcurrentFuture[list[int]] | None], ConcurrentFuture[list[int]]
+]
+# Batches handed to a submitting store at once: the next one is queued while one commits, so
+# the store thread goes straight from one to the next.
+_PIPELINE_DEPTH = 2
+# Longest pause between two looks at an in-flight batch (see `Emitter._until_done`).
+_POLL_MAX = 0.002
+
+
+_OUTPUT_STREAMS = frozenset({"stdout", "thinking"})
+
+
+def _expand_any(kind: object) -> EventKind:
+    """A kind for validation: a (stream, chunk) pair becomes the Output it stands for."""
+    if type(kind) is tuple and len(kind) == 2:
+        return Output(stream=kind[0], chunk=kind[1])
+    # Anything else goes to validation as it is (which reports it).
+    return kind  # type: ignore[return-value]
+
+
+def _materialise(entries: list[_Entry]) -> list[FleetEvent]:
+    out: list[FleetEvent] = []
+    for e in entries:
+        if type(e) is EventRun:
+            out.extend(e.events())
+        else:
+            out.append(e)  # type: ignore[arg-type]
+    return out
+
+
+def _failure(future: ConcurrentFuture[list[int]], size: int) -> BaseException | None:
+    """The error of a finished store future (None when it succeeded)."""
+    if future.cancelled():
+        return StoreError("append cancelled")
+    error = future.exception()
+    if error is None and len(future.result()) != size:
+        return StoreError(f"store returned {len(future.result())} ordinals for {size} events")
+    return error
 
 
 class Emitter:
@@ -51,7 +123,7 @@ class Emitter:
         bus: Bus,
         metrics: Metrics | None = None,
         *,
-        max_batch: int = 1000,
+        max_batch: int = 4096,
         max_pending: int = 100_000,
         max_conflict_retries: int = 8,
     ) -> None:
@@ -65,7 +137,7 @@ class Emitter:
         self.max_conflict_retries = max_conflict_retries
         self._next: dict[str, int] = {}
         self._seeding: dict[str, asyncio.Future[None]] = {}
-        self._pending: deque[FleetEvent] = deque()
+        self._pending: deque[_Entry] = deque()  # events (runs count as len(run) events)
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -73,6 +145,18 @@ class Emitter:
         self._done = 0
         self._flush_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._task: asyncio.Task[None] | None = None
+        # Stores that take a batch synchronously (`batch_submitter`) let a producer hand the
+        # next batch over, and finish committed ones, without waiting for a turn of the writer
+        # task (which, behind many busy drivers, can come late): the store keeps committing
+        # while the drivers work. Up to _PIPELINE_DEPTH batches are in flight, each queued
+        # `after` the previous one; failures go to the writer task (`_recover`).
+        submitter = getattr(store, "batch_submitter", None)
+        self._submitter: Callable[[], _Submit | None] | None = (
+            submitter if callable(submitter) else None
+        )
+        # Batches handed to the store, oldest first (each queued `after` the previous one).
+        self._inflight: deque[_InFlight] = deque()
+        self._slow = False  # the writer task is handling a failed commit: submit nothing
         self._closing = False
         self._closed = False
 
@@ -126,16 +210,70 @@ class Emitter:
             await self._seed(key)
             seq = self._next.get(key)
         self._next[key] = seq + 1
-        ev = FleetEvent(
-            seq=seq, ts=ts if ts is not None else now_ts(), repo=repo, agent_id=agent_id, kind=kind
-        )
+        ev = FleetEvent.trusted(seq, ts if ts is not None else now_ts(), repo, agent_id, kind)
         self._enqueue(ev)
         return ev
+
+    async def emit_many(
+        self, repo: str, agent_id: str, kinds: Sequence[CompactKind], *, ts: str | None = None
+    ) -> None:
+        """`emit` each kind, in order, on one stream: consecutive seqs, one `ts` for the batch
+        (stamped now unless given). Same durability and back-pressure as `emit` (a batch may
+        overshoot `max_pending` by its own size). Kinds may be `CompactKind`s (an Output as its
+        (stream, chunk) pair). The events are queued as one `EventRun`: their `FleetEvent`
+        models are only built to be published."""
+        if self._closing:
+            raise StoreError("emitter is closed")
+        if not kinds:
+            return
+        if self._task is None:
+            self._start_writer()
+        if self._enqueued - self._done >= self.max_pending:
+            await self._wait_for_room()
+        key = stream_key_for(repo, agent_id)
+        seq = self._next.get(key)
+        while seq is None:
+            await self._seed(key)
+            seq = self._next.get(key)
+        stamp = ts if ts is not None else now_ts()
+        n = len(kinds)
+        run: list[CompactKind] = []
+        append = run.append
+        for kind in kinds:
+            t = type(kind)
+            if t is tuple:
+                if (
+                    len(kind) != 2  # type: ignore[arg-type]
+                    or kind[0] not in _OUTPUT_STREAMS  # type: ignore[index]
+                    or type(kind[1]) is not str  # type: ignore[index]
+                ):
+                    break
+                append(kind)
+            elif t is Output:
+                d = kind.__dict__
+                append((d["stream"], d["chunk"]))  # == compact_kind(kind)
+            elif t in EVENT_KIND_TYPES:
+                append(kind)
+            else:
+                break
+        if len(run) == n and type(repo) is str and type(agent_id) is str and type(stamp) is str:
+            self._pending.append(EventRun(repo, agent_id, stamp, seq, run))
+        else:  # not plainly valid: build (and so validate, or raise) the models now
+            self._pending.extend(
+                FleetEvent.trusted_batch(
+                    seq, stamp, repo, agent_id, [_expand_any(k) for k in kinds]
+                )
+            )
+        self._next[key] = seq + n
+        self._enqueued += n
+        self._wakeup.set()
+        self._pump()
 
     def _enqueue(self, ev: FleetEvent) -> None:
         self._pending.append(ev)
         self._enqueued += 1
         self._wakeup.set()
+        self._pump()
 
     async def _wait_for_room(self) -> None:
         while self._enqueued - self._done >= self.max_pending and not self._closed:
@@ -163,6 +301,13 @@ class Emitter:
             del self._seeding[key]
             fut.set_result(None)
 
+    async def prepare(self, keys: Iterable[str]) -> None:
+        """Seed the seq counters of these streams now, concurrently, so that the emits that
+        follow need not each wait for the store (many new streams at once: one round trip)."""
+        missing = [k for k in dict.fromkeys(keys) if k not in self._next]
+        if missing:
+            await asyncio.gather(*(self._seed(k) for k in missing))
+
     async def flush(self) -> None:
         """Wait until everything emitted before this call is committed (or given up on) and
         published."""
@@ -178,31 +323,185 @@ class Emitter:
     # -- the writer --------------------------------------------------------------------------
 
     async def _writer(self) -> None:
+        inflight = self._inflight
         while True:
+            if inflight:
+                head = inflight[0]
+                if not head.future.done():
+                    await self._until_done(head.future)
+                if not inflight or inflight[0] is not head:
+                    continue  # a producer has finished it already
+                error = _failure(head.future, head.size)
+                if error is None:
+                    inflight.popleft()
+                    self._fill()  # the next batches commit while this one is published
+                    self._finish(head, head.future.result())
+                    continue
+                await self._recover(head, error)
+                continue
             if not self._pending:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            n = min(len(self._pending), self.max_batch)
-            batch = [self._pending.popleft() for _ in range(n)]
+            self._fill()
+            if inflight:
+                continue
+            entries, n = self._take(self.max_batch)
             try:
-                await self._commit(batch)
+                await self._commit(_materialise(entries))
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the writer die; _commit already handles store errors
-                log.exception("emitter: unexpected error committing %d events", len(batch))
-            self._done += n
-            if self._enqueued - self._done < self.max_pending:
-                self._room.set()
-            while self._flush_waiters and self._flush_waiters[0][0] <= self._done:
-                _, fut = self._flush_waiters.popleft()
-                if not fut.done():
-                    fut.set_result(None)
+                log.exception("emitter: unexpected error committing %d events", n)
+            self._advance(n)
 
-    async def _commit(self, batch: list[FleetEvent]) -> None:
+    async def _recover(self, head: _InFlight, error: BaseException) -> None:
+        """The oldest in-flight batch failed: the ones queued after it write nothing (they
+        were submitted `after` it), so put them back, in order, and handle the failure the
+        slow way (conflict retries, loss markers) with nothing submitted meanwhile."""
+        self._slow = True
+        try:
+            inflight = self._inflight
+            inflight.popleft()
+            rest = list(inflight)
+            inflight.clear()
+            for inf in rest:
+                await self._until_done(inf.future)
+            requeue: list[_Entry] = []
+            for inf in rest:
+                if _failure(inf.future, inf.size) is None:  # cannot happen (see submit_append)
+                    log.error("emitter: a batch queued after a failed one was committed")
+                    self._finish(inf, inf.future.result())
+                else:
+                    requeue.extend(inf.entries)
+            self._pending.extendleft(reversed(requeue))
+            try:
+                await self._commit(_materialise(head.entries), error)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("emitter: unexpected error committing %d events", head.size)
+            self._advance(head.size)
+        finally:
+            self._slow = False
+
+    @staticmethod
+    async def _until_done(future: ConcurrentFuture[list[int]]) -> None:
+        """Wait for a store future by polling, not by a callback from the store thread: that
+        callback would wake the loop through its self-pipe, and the store thread, having let
+        go of the GIL for it, could then wait a whole switch interval (5 ms) to get it back
+        behind a busy loop before starting its next batch. Producers usually see the result
+        first anyway (`_pump`)."""
+        delay = 0.0002
+        while not future.done():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX)
+
+    def _take(self, limit: int) -> tuple[list[_Entry], int]:
+        """Dequeue up to `limit` events (splitting a run if needed), in order."""
+        pending = self._pending
+        out: list[_Entry] = []
+        n = 0
+        while pending and n < limit:
+            e = pending[0]
+            size = len(e) if type(e) is EventRun else 1
+            if n + size > limit:
+                assert isinstance(e, EventRun)
+                head, pending[0] = e.split(limit - n)
+                out.append(head)
+                n = limit
+                break
+            pending.popleft()
+            out.append(e)
+            n += size
+        return out, n
+
+    def _pump(self) -> None:
+        """Advance the submit path synchronously: finish the batches the store has committed,
+        keep the store fed. Failures are left to the writer task."""
+        if self._submitter is None or self._slow or self._closed:
+            return
+        inflight = self._inflight
+        done: list[_InFlight] = []
+        while inflight and inflight[0].future.done():
+            head = inflight[0]
+            if _failure(head.future, head.size) is not None:
+                break  # the writer task recovers; queue nothing behind a failed batch
+            done.append(inflight.popleft())
+        else:
+            self._fill()  # hand the store the next batches first, then publish committed ones
+        for inf in done:
+            self._finish(inf, inf.future.result())
+
+    def _fill(self) -> None:
+        while (
+            len(self._inflight) < _PIPELINE_DEPTH
+            and self._pending
+            and not self._slow
+            and not self._closed
+            and self._submit_next()
+        ):
+            pass
+
+    def _submit_next(self) -> bool:
+        """Hand the next batch to the store's submit path, if it has one right now."""
+        submit = self._submitter() if self._submitter is not None else None
+        if submit is None or len(self._inflight) >= _PIPELINE_DEPTH:
+            return False
+        after = self._inflight[-1].future if self._inflight else None
+        entries, n = self._take(self.max_batch)
+        try:
+            future = submit(entries, after)
+        except Exception as e:  # e.g. the store is closed: the writer task reports the loss
+            future = ConcurrentFuture()
+            future.set_exception(e)
+        self._inflight.append(_InFlight(entries, n, future))
+        self._wakeup.set()  # the writer task watches the in-flight batches
+        return True
+
+    def _finish(self, inf: _InFlight, ordinals: list[int]) -> None:
+        """A batch is durable: count it, publish it (in order, with its ordinals). Never
+        raises (it also runs inside producers' `emit` calls): a failing bus is logged."""
+        try:
+            self._publish(inf, ordinals)
+        except Exception:
+            log.exception("emitter: publishing %d committed events failed", inf.size)
+        finally:
+            self._advance(inf.size)
+
+    def _publish(self, inf: _InFlight, ordinals: list[int]) -> None:
+        self.metrics.inc(EVENTS_APPENDED, inf.size)
+        publish = self.bus.publish
+        i = 0
+        for e in inf.entries:
+            if type(e) is EventRun:
+                # One model at a time: a materialised run would hold thousands of live objects
+                # (each batch would then push its events through the GC generations).
+                for ev in e.iter_events():
+                    publish(BusItem(ordinals[i], ev))
+                    i += 1
+            else:
+                publish(BusItem(ordinals[i], e))  # type: ignore[arg-type]
+                i += 1
+
+    def _advance(self, n: int) -> None:
+        self._done += n
+        if self._enqueued - self._done < self.max_pending:
+            self._room.set()
+        while self._flush_waiters and self._flush_waiters[0][0] <= self._done:
+            _, fut = self._flush_waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _commit(self, batch: list[FleetEvent], failed: BaseException | None = None) -> None:
+        """Append and publish one batch, handling conflicts and failures. `failed`: the error
+        of an attempt already made (the submit path), handled as if this call had got it."""
         attempt = 0
         while True:
             try:
+                if failed is not None:
+                    error, failed = failed, None
+                    raise error
                 ordinals = await self.store.append_batch(batch)
             except SeqConflict as e:
                 attempt += 1
@@ -249,9 +548,15 @@ class Emitter:
             return ev.model_copy(update={"seq": nxt})
 
         batch = [renumber(ev) for ev in batch]
-        for i, ev in enumerate(self._pending):
-            if ev.stream_key in moved:
-                self._pending[i] = renumber(ev)
+        for i, entry in enumerate(self._pending):
+            key = entry.stream_key
+            if key not in moved:
+                continue
+            if type(entry) is EventRun:
+                self._pending[i] = entry.renumbered(moved[key])
+                moved[key] += len(entry)
+            else:
+                self._pending[i] = renumber(entry)  # type: ignore[arg-type]
         for key, nxt in moved.items():
             self._next[key] = max(self._next.get(key, 0), nxt)
         return batch

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,13 +34,15 @@ from prospero.core.ratecard import RateCard
 from prospero.core.wire.turnevents import stop_detail, stop_label
 from prospero.types.events import (
     AgentFinished,
+    CompactKind,
     EventKind,
-    Output,
     ToolFinished,
     ToolResult,
     ToolStarted,
     TurnFinished,
     Usage,
+    compact_kind,
+    output_event,
 )
 
 log = logging.getLogger(__name__)
@@ -171,13 +174,57 @@ class Normalizer:
 
     # ---- public API -------------------------------------------------------------------------
 
+    def feed_lines(self, lines: Iterable[bytes]) -> list[EventKind]:
+        """`feed` every line in order; all their events, in order (the ingest hot path).
+
+        Text and thinking deltas (the bulk of a stream) are handled inline; every other line
+        takes exactly the `feed` path, so the result is always that of feeding line by line.
+        """
+        return self._feed_lines(lines, False)  # type: ignore[return-value]
+
+    def feed_lines_compact(self, lines: Iterable[bytes]) -> list[CompactKind]:
+        """`feed_lines`, with each `Output` as its (stream, chunk) pair (`CompactKind`): what
+        the emitter queues anyway, without building models that would only be dropped."""
+        return self._feed_lines(lines, True)
+
+    def _feed_lines(self, lines: Iterable[bytes], compact: bool) -> list[CompactKind]:
+        out: list[CompactKind] = []
+        append = out.append
+        loads = orjson.loads
+        thinking = self.include_thinking
+        for line in lines:
+            try:
+                frame = loads(line)
+            except orjson.JSONDecodeError:
+                out.extend(self._compacted(self.feed(line), compact))  # blank, or slow path
+                continue
+            if self._pending is None and type(frame) is dict:
+                kind = frame.get("type")
+                if kind == "AssistantTextDelta":
+                    text = frame.get("text")
+                    text = text if isinstance(text, str) else ""
+                    append(("stdout", text) if compact else output_event("stdout", text))
+                    continue
+                if kind == "AssistantThinkingDelta":
+                    if thinking:
+                        text = frame.get("text")
+                        text = text if isinstance(text, str) else ""
+                        append(("thinking", text) if compact else output_event("thinking", text))
+                    continue
+            out.extend(self._compacted(self._feed_parsed(frame), compact))
+        return out
+
+    @staticmethod
+    def _compacted(events: list[EventKind], compact: bool) -> list[CompactKind]:
+        return [compact_kind(e) for e in events] if compact else events  # type: ignore[return-value]
+
     def feed(self, line: bytes) -> list[EventKind]:
         """Normalise one NDJSON line (without its newline) into zero or more events."""
-        if not line.strip():
-            return []
         try:
             frame = orjson.loads(line)
         except orjson.JSONDecodeError as e:
+            if not line.strip():
+                return []
             try:
                 # orjson refuses some valid JSON (integers beyond 64 bits); give json a chance.
                 frame = json.loads(line)
@@ -185,6 +232,9 @@ class Normalizer:
                 self.metrics.inc(MALFORMED_LINES)
                 log.warning("skipping a non-JSON line (%d bytes): %s", len(line), e)
                 return []
+        return self._feed_parsed(frame)
+
+    def _feed_parsed(self, frame: Any) -> list[EventKind]:
         try:
             return self.feed_frame(frame)
         except Exception:  # defensive: a normaliser bug must not kill the stream
@@ -216,12 +266,12 @@ class Normalizer:
             )
             return out
 
-        out = self.flush()
+        out = self.flush() if self._pending is not None else []
         if kind == "AssistantTextDelta":
-            out.append(Output.model_construct(stream="stdout", chunk=_str(frame.get("text"))))
+            out.append(output_event("stdout", _str(frame.get("text"))))
         elif kind == "AssistantThinkingDelta":
             if self.include_thinking:
-                out.append(Output.model_construct(stream="thinking", chunk=_str(frame.get("text"))))
+                out.append(output_event("thinking", _str(frame.get("text"))))
         elif kind == "ToolCallStart":
             tool_id = _str(frame.get("tool_use_id"))
             name = _str(frame.get("name"))

@@ -14,6 +14,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -153,6 +154,96 @@ async def read_line(reader: asyncio.StreamReader) -> bytes | None:
     return line[:-1]
 
 
+READ_CHUNK = 256 * 1024
+
+
+class LineReader:
+    """Batched `read_line`: reads the stream in large chunks and splits the lines itself.
+
+    `read_lines()` returns every complete line the next chunk(s) finish, in order: `bytes`
+    (without the newline) or an `OversizedLine` for a line over MAX_LINE, which is consumed
+    and digested as it streams by, never buffered whole. None at EOF; a partial line at EOF
+    is discarded (the connection was cut mid-line; it will be replayed). Same results, line
+    for line, as calling `read_line` repeatedly, at a fraction of the per-line cost.
+    """
+
+    __slots__ = ("_chunk", "_reader", "_skip", "_skip_size", "_tail", "_tail_size")
+
+    def __init__(self, reader: asyncio.StreamReader, chunk_size: int = READ_CHUNK) -> None:
+        self._reader = reader
+        self._chunk = max(1, chunk_size)
+        self._tail: list[bytes] = []  # pieces of the current (unterminated) line
+        self._tail_size = 0
+        self._skip: hashlib.blake2b | None = None  # digest of an oversized line being skipped
+        self._skip_size = 0
+
+    async def read_lines(self) -> list[bytes | OversizedLine] | None:
+        """The next non-empty batch of lines, or None at EOF. Raises what the stream raises."""
+        read = self._reader.read
+        while True:
+            chunk = await read(self._chunk)
+            if not chunk:
+                self._tail = []
+                self._tail_size = 0
+                self._skip = None
+                return None
+            lines = self._split(chunk)
+            if lines:
+                return lines
+
+    def _split(self, chunk: bytes) -> list[bytes | OversizedLine]:
+        parts: list[Any] = chunk.split(b"\n")
+        rest: bytes = parts.pop()
+        if not parts:  # no newline: the current line goes on
+            self._extend(rest)
+            return []
+        first: bytes = parts[0]
+        oversized = False
+        if self._skip is not None:
+            self._skip.update(first)
+            self._skip.update(b"\n")
+            parts[0] = OversizedLine(self._skip_size + len(first), self._skip.digest())
+            self._skip = None
+            self._skip_size = 0
+        elif self._tail:
+            self._tail.append(first)
+            parts[0] = first = b"".join(self._tail)
+            self._tail = []
+            self._tail_size = 0
+            oversized = len(first) > MAX_LINE
+        else:
+            oversized = len(first) > MAX_LINE
+        if len(parts) > 1 and max(map(len, parts[1:])) > MAX_LINE:
+            oversized = True
+        if oversized:
+            for i, p in enumerate(parts):
+                if isinstance(p, bytes) and len(p) > MAX_LINE:
+                    h = hashlib.blake2b(p, digest_size=8)
+                    h.update(b"\n")
+                    parts[i] = OversizedLine(len(p), h.digest())
+        if rest:
+            self._extend(rest)
+        return parts
+
+    def _extend(self, piece: bytes) -> None:
+        if not piece:
+            return
+        if self._skip is not None:
+            self._skip.update(piece)
+            self._skip_size += len(piece)
+            return
+        self._tail.append(piece)
+        self._tail_size += len(piece)
+        if self._tail_size > MAX_LINE:  # over the limit before its end: stop buffering it
+            h = hashlib.blake2b(digest_size=8)
+            for p in self._tail:
+                h.update(p)
+            self._skip = h
+            self._skip_size = self._tail_size
+            self._tail = []
+            self._tail_size = 0
+
+
 async def close_writer(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(Exception):
@@ -183,7 +274,7 @@ async def send_one_line(
     endpoint: Endpoint,
     security: NetworkSecurity | None,
     line: bytes,
-    drain_timeout: float = 1.0,
+    drain_timeout: float = 5.0,
     *,
     wait: bool = False,
 ) -> None:

@@ -56,6 +56,12 @@ DEFAULT_WINDOW = 2048
 WORKER_RING = 1024
 
 
+def line_digests(lines: list[bytes]) -> list[bytes]:
+    """`line_digest` of each line, in bulk."""
+    b2 = hashlib.blake2b
+    return [b2(line + b"\n", digest_size=DIGEST_SIZE).digest() for line in lines]
+
+
 def line_digest(line: bytes) -> bytes:
     """Stable 8-byte digest of a line *including* its newline (matches OversizedLine.digest)."""
     h = hashlib.blake2b(line, digest_size=DIGEST_SIZE)
@@ -140,6 +146,40 @@ class LineCursor(Generic[P]):
         if len(self._buf) >= longest:
             return self._decide(longest)
         return []
+
+    def push_many(self, digests: list[bytes], payloads: list[P]) -> tuple[Gap | None, list[P]]:
+        """`push` for a batch of lines (same decisions, line for line), shaped for speed.
+
+        Returns the `Gap` decided within this batch, if any, and the payloads of the lines now
+        decided new, in order. Within one connection there is at most one decision, so the gap
+        always precedes every payload returned with it.
+        """
+        if len(digests) != len(payloads):
+            raise ValueError("digests and payloads differ in length")
+        gap: Gap | None = None
+        out: list[P] = []
+        i = 0
+        n = len(digests)
+        while self._matching and i < n:
+            for item in self.push(digests[i], payloads[i]):
+                if isinstance(item, Gap):
+                    gap = item
+                else:
+                    out.append(item.payload)
+            i += 1
+        if i < n:
+            # Not matching: every remaining line is new (the `_commit` fast path, in bulk).
+            rest_d = digests[i:] if i else digests
+            self._seen += len(rest_d)
+            held = self._held
+            held.extend(rest_d)
+            if len(held) > 2 * self.window:
+                del held[: len(held) - self.window]
+            if out:
+                out.extend(payloads[i:])
+            else:
+                out = payloads[i:] if i else list(payloads)
+        return gap, out
 
     def end_connection(self) -> int:
         """The connection ended. Returns how many undecided lines were discarded."""

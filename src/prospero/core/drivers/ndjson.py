@@ -5,6 +5,13 @@ lines. Every line goes through a `LineCursor`, which recognises the worker's rep
 already consumed (exactly, also past the 1024-line replay window, see `line_cursor`); only new
 lines reach the `Normalizer`, whose events are awaited into the sink in wire order.
 
+The stream is read in large chunks (`LineReader`: same lines, 1 MiB limit and cut-off-tail
+rule as `read_line`), and a whole read is handled synchronously: one cursor pass, one
+normaliser pass, then one `emit_batch` call when the sink has that batch path (the
+FleetManager's does; one timestamp per read), else one await per event with each line consumed
+only once the previous line's events were taken, as before. After each read the driver yields
+to the loop, so a replay backlog never monopolises it.
+
 Reconnects after EOF without a terminal `agent_finished`, or a connect/read error, with backoff
 `min(cap, base * 2^attempt) * jitter[0.5, 1.0)` (jitter a deterministic hash of agent id and
 attempt). `max_failures` consecutive failures (a connection that delivers a new line resets
@@ -27,25 +34,38 @@ import contextlib
 import hashlib
 import logging
 import time
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, cast
 
 import orjson
 
 from prospero.core import metrics as m
 from prospero.core.drivers.base import DriverExit, DriverOptions, DriverTarget, EventSink
-from prospero.core.drivers.line_cursor import DEFAULT_WINDOW, Gap, LineCursor, NewLine, line_digest
+from prospero.core.drivers.line_cursor import (
+    DEFAULT_WINDOW,
+    Gap,
+    LineCursor,
+    line_digest,
+    line_digests,
+)
 from prospero.core.errors import ProsperoError, Unsupported
 from prospero.core.metrics import Metrics
 from prospero.core.normalize import Normalizer
 from prospero.core.transport import (
     MAX_LINE,
+    LineReader,
     OversizedLine,
     close_writer,
     open_endpoint,
-    read_line,
     send_one_line,
 )
-from prospero.types.events import EventKind, StreamGap
+from prospero.types.events import (
+    AgentFinished,
+    CompactKind,
+    EventKind,
+    StreamGap,
+    expand_kind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +78,17 @@ class CursorStore(Protocol):
     async def save_cursor(self, key: str, data: bytes) -> None: ...
 
     async def load_cursor(self, key: str) -> bytes | None: ...
+
+
+class BatchEventSink(Protocol):
+    """An EventSink that may also take several events, in wire order, in one call. The
+    driver uses `emit_batch` when the sink has it (the FleetManager's does): one await and
+    one timestamp per read of the stream instead of one per event. Outputs come as
+    `CompactKind` (stream, chunk) pairs, the form the emitter queues them in."""
+
+    async def __call__(self, kind: EventKind) -> None: ...
+
+    async def emit_batch(self, kinds: list[CompactKind]) -> None: ...
 
 
 def backoff_delay(agent_id: str, attempt: int, base: float, cap: float) -> float:
@@ -86,6 +117,11 @@ class NdjsonDriver:
     ) -> None:
         self.target = target
         self.sink = sink
+        # Optional batch path of the sink (see BatchEventSink); else one await per event.
+        batch_sink = getattr(sink, "emit_batch", None)
+        self._batch_sink: Callable[[list[CompactKind]], Awaitable[None]] | None = (
+            batch_sink if callable(batch_sink) else None
+        )
         self.options = options
         self.metrics = metrics
         self.cursor_store = cursor_store
@@ -181,7 +217,7 @@ class NdjsonDriver:
             if self._closing:
                 return DriverExit.closed
             if self._terminal:
-                await self._process([])  # an empty batch flushes a held-back tool_started
+                await self._process(None, [], flush=True)  # a held-back tool_started
                 return DriverExit.finished
             if got_new:
                 failures = 0
@@ -218,30 +254,30 @@ class NdjsonDriver:
         self._writer = writer
         self.connections += 1
         self.cursor.begin_connection()
+        lines = LineReader(reader)
         got_new = False
         try:
             while not self._closing:
                 try:
                     if self._terminal:
-                        line = await asyncio.wait_for(read_line(reader), self.terminal_eof_timeout)
+                        batch = await asyncio.wait_for(
+                            lines.read_lines(), self.terminal_eof_timeout
+                        )
                     else:
-                        line = await read_line(reader)
-                except OversizedLine as e:
-                    log.debug("agent %s: read a %d-byte line (over the line limit)", agent, e.size)
-                    items = self.cursor.push(e.digest, None)
+                        batch = await lines.read_lines()
                 except TimeoutError:
                     log.info("agent %s: no EOF after the terminal event; done", agent)
                     break
                 except (OSError, ValueError, asyncio.IncompleteReadError) as e:
                     log.info("agent %s: attach stream read failed: %s", agent, e)
                     break
-                else:
-                    if line is None:
-                        break
-                    items = self.cursor.push(line_digest(line), line)
-                if items:
-                    got_new = got_new or any(isinstance(i, NewLine) for i in items)
-                    await self._process(items)
+                if batch is None:
+                    break
+                if await self._take(batch):
+                    got_new = True
+                # A read is processed without a pause; then let the other agents, the emitter
+                # and the API have the loop (a replay backlog is read in many reads).
+                await asyncio.sleep(0)
         finally:
             self._writer = None
             dropped = self.cursor.end_connection()
@@ -294,10 +330,54 @@ class NdjsonDriver:
             return None
         return task.result()
 
-    async def _process(self, items: list[NewLine[bytes | None] | Gap]) -> None:
+    async def _take(self, batch: list[bytes | OversizedLine]) -> bool:
+        """Run one read's lines through the cursor and process what is new. True if any was.
+
+        With a batch sink the whole read is one batch (one sink call). A plain sink gets the
+        lines one at a time, each consumed only once the previous one's events were taken,
+        exactly as if they had been read one by one."""
+        if self._batch_sink is None:
+            got_new = False
+            for x in batch:
+                if self._closing:  # close() stops between lines; the rest is replayed later
+                    break
+                if await self._take_batch([x]):
+                    got_new = True
+            return got_new
+        return await self._take_batch(batch)
+
+    async def _take_batch(self, batch: list[bytes | OversizedLine]) -> bool:
+        payloads: list[bytes | None]
+        if all(type(x) is bytes for x in batch):
+            good = cast(list[bytes], batch)
+            gap, new = self.cursor.push_many(line_digests(good), cast(list[bytes | None], good))
+        else:
+            digests: list[bytes] = []
+            payloads = []
+            for x in batch:
+                if isinstance(x, OversizedLine):
+                    log.debug(
+                        "agent %s: read a %d-byte line (over the line limit)",
+                        self.target.agent_id,
+                        x.size,
+                    )
+                    digests.append(x.digest)
+                    payloads.append(None)
+                else:
+                    digests.append(line_digest(x))
+                    payloads.append(x)
+            gap, new = self.cursor.push_many(digests, payloads)
+        if gap is None and not new:
+            return False
+        await self._process(gap, new)
+        return bool(new)
+
+    async def _process(
+        self, gap: Gap | None, payloads: list[bytes | None], *, flush: bool = False
+    ) -> None:
         self._in_batch = True
         try:
-            await self._process_items(items)
+            await self._deliver(self._normalise(gap, payloads, flush))
         except BaseException:
             # The sink saw only part of this batch: never persist a state that claims it all.
             self._batch_interrupted = True
@@ -306,29 +386,55 @@ class NdjsonDriver:
             self._version += 1
             self._in_batch = False
 
-    async def _process_items(self, items: list[NewLine[bytes | None] | Gap]) -> None:
+    def _normalise(
+        self, gap: Gap | None, payloads: list[bytes | None], flush: bool
+    ) -> list[CompactKind]:
+        """The batch's events, in order. For a batch sink, outputs stay compact (the emitter
+        queues them so); a plain sink gets models."""
         agent = self.target.agent_id
-        for item in items:
-            if isinstance(item, Gap):
-                self.metrics.inc(m.STREAM_GAPS)
-                log.warning("agent %s: stream gap: %s", agent, item.detail)
-                for ev in self.normalizer.flush():
-                    await self._emit(ev)
-                await self._emit(StreamGap(missing=item.missing, detail=item.detail))
-            elif item.payload is None:
-                self.metrics.inc(m.OVERSIZED_LINES)
-                log.warning("agent %s: skipped a line over the %d-byte limit", agent, MAX_LINE)
-            else:
-                for ev in self.normalizer.feed(item.payload):
-                    await self._emit(ev)
-        if not items:
-            for ev in self.normalizer.flush():
-                await self._emit(ev)
+        feed = (
+            self.normalizer.feed_lines_compact
+            if self._batch_sink is not None
+            else self.normalizer.feed_lines
+        )
+        out: list[CompactKind] = []
+        if gap is not None:
+            self.metrics.inc(m.STREAM_GAPS)
+            log.warning("agent %s: stream gap: %s", agent, gap.detail)
+            out.extend(self.normalizer.flush())
+            out.append(StreamGap(missing=gap.missing, detail=gap.detail))
+        if None in payloads:
+            start = 0
+            for i, payload in enumerate(payloads):
+                if payload is None:
+                    out.extend(feed(cast(list[bytes], payloads[start:i])))
+                    start = i + 1
+                    self.metrics.inc(m.OVERSIZED_LINES)
+                    log.warning("agent %s: skipped a line over the %d-byte limit", agent, MAX_LINE)
+            out.extend(feed(cast(list[bytes], payloads[start:])))
+        elif payloads:
+            out.extend(feed(cast(list[bytes], payloads)))
+        if flush:
+            out.extend(self.normalizer.flush())
+        return out
 
-    async def _emit(self, ev: EventKind) -> None:
-        if ev.kind == "agent_finished":
-            self._terminal = True
-        await self.sink(ev)
+    async def _deliver(self, events: list[CompactKind]) -> None:
+        """Hand events to the sink in order: in one call when it takes batches."""
+        if not events:
+            return
+        batch_sink = self._batch_sink
+        if batch_sink is None:
+            for ev in events:
+                kind = expand_kind(ev)
+                if type(kind) is AgentFinished:
+                    self._terminal = True
+                await self.sink(kind)
+            return
+        for ev in events:
+            if type(ev) is AgentFinished:
+                self._terminal = True
+                break
+        await batch_sink(events)
 
     # ---- steering -------------------------------------------------------------------------
 

@@ -8,22 +8,35 @@ connection on a dedicated single-thread executor (every write is serialised ther
 what makes group commit cheap) and one *reader* connection on a second single-thread executor
 (WAL lets it read committed data while the writer commits).
 
-Schema (user_version 1):
+Schema (user_version 2):
 
 - `events(ordinal INTEGER PRIMARY KEY AUTOINCREMENT, stream_key, seq, ts, repo, agent_id,
   kind_tag, kind /*JSON of EventKind*/, UNIQUE(stream_key, seq))` plus an index on `ts` for
   retention. AUTOINCREMENT so an ordinal (the fleet stream's resume cursor) is never reused,
   even after retention has deleted the newest rows.
-- `stream_heads(stream_key PRIMARY KEY, high_water)`: the highest seq ever appended per stream,
-  maintained in the append transaction, so `high_water` is O(1) and never goes backwards when
-  retention prunes a whole stream (a reused seq would be silently deduplicated away by a client
-  resuming with `?from=`).
+- `stream_heads(stream_key PRIMARY KEY, high_water)`: per stream, at least the highest seq that
+  retention has deleted: each prune transaction folds the max seq of the rows it deletes in
+  first. `high_water` = max(that, the highest seq still in `events`; O(log n) through the
+  `(stream_key, seq)` index), so it never goes backwards when retention prunes a whole stream
+  (a reused seq would be silently deduplicated away by a client resuming with `?from=`), and
+  appending does not touch this table at all. Version 1 files kept it up to date on every
+  append (still valid, kept); a version 1 build must not write a version 2 file, whose heads it
+  would take for complete, hence the version.
 - `usage_daily(workspace, day, input_tokens, output_tokens, cost_usd, turns, runs, done, failed,
   killed, crashed, PRIMARY KEY(workspace, day))`: maintained in the append transaction from
   `agent_finished` (tokens, cost, turns, runs) and terminal `status_changed` (outcomes). Null
   sums stay null until an event reports a value. Retention does not touch it (usage history
   outlives raw events; the rows are tiny).
 - `cursors(key PRIMARY KEY, data BLOB)`, `workspaces(name PRIMARY KEY, root, config JSON)`.
+
+Appending is built around the GIL: every sqlite3 step releases it and must take it back, and
+taking it back while the event loop is busy can cost a whole switch interval (5 ms). So a batch
+goes in as *one* statement (`INSERT ... SELECT ... FROM json_each(?)`, the rows passed as one
+JSON array), atomic on its own; only batches that also update `usage_daily` use an explicit
+transaction. Without SQLite's JSON functions, or for rows JSON cannot carry exactly (a NUL
+character), the rows are bound as parameters of a few multi-row INSERTs instead.
+`submit_append` queues an append to the writer thread without awaiting (the emitter's
+pipeline; `after=` chains it to an earlier append); `append_batch` awaits the same job.
 """
 
 from __future__ import annotations
@@ -31,8 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,8 +57,10 @@ from prospero.core.store.base import StoredEvent, UsageDay
 from prospero.types.events import (
     EVENT_KIND_ADAPTER,
     AgentFinished,
+    EventRun,
     FleetEvent,
     StatusChanged,
+    stream_key_for,
 )
 from prospero.types.model import RegisteredWorkspace, RepoProviderConfig
 
@@ -53,7 +68,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 5000
 # Rows deleted per retention transaction: keeps the write lock short so appends interleave.
 PRUNE_CHUNK = 5000
@@ -100,15 +115,43 @@ CREATE TABLE IF NOT EXISTS workspaces (
 );
 """
 
-_INSERT_EVENT = (
-    "INSERT INTO events (stream_key, seq, ts, repo, agent_id, kind_tag, kind) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+# Highest seq of a stream: what retention folded into stream_heads, or what is still stored.
+_HIGH_WATER = (
+    "SELECT max(coalesce((SELECT high_water FROM stream_heads WHERE stream_key = ?1), 0), "
+    "coalesce((SELECT max(seq) FROM events WHERE stream_key = ?1), 0))"
 )
 
-_UPSERT_HEAD = (
-    "INSERT INTO stream_heads (stream_key, high_water) VALUES (?, ?) "
+# Before a prune chunk is deleted: fold its streams' max seq into stream_heads.
+_FOLD_PRUNED_HEADS = (
+    "INSERT INTO stream_heads (stream_key, high_water) "
+    "SELECT stream_key, max(seq) FROM events "
+    "WHERE ordinal IN (SELECT ordinal FROM temp.prune_chunk) GROUP BY stream_key "
     "ON CONFLICT (stream_key) DO UPDATE SET high_water = max(high_water, excluded.high_water)"
 )
+
+# The whole batch in one statement: rows as one JSON array of 7-element arrays, in order.
+_INSERT_JSON_ROWS = (
+    "INSERT INTO events (stream_key, seq, ts, repo, agent_id, kind_tag, kind) "
+    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+    "json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), "
+    "json_extract(value, '$[5]'), json_extract(value, '$[6]') "
+    "FROM json_each(?) ORDER BY key"
+)
+
+# Fallback (no JSON functions, or a NUL in the batch): rows bound as parameters of multi-row
+# INSERTs of at most this many rows (a power of two, capped by the parameter limit at runtime).
+_ROWS_PER_INSERT = 256
+_EVENT_COLS = 7
+
+
+def _insert_rows_sql(n: int) -> str:
+    return (
+        "INSERT INTO events (stream_key, seq, ts, repo, agent_id, kind_tag, kind) VALUES "
+        + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * n)
+    )
+
+
+_INSERT_ROWS_SQL: dict[int, str] = {}
 
 
 def _null_add(col: str) -> str:
@@ -208,6 +251,21 @@ class _Db:
             raise StoreError(f"sqlite store is closed: {e}") from e
         return await fut
 
+    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
+        """Queue `fn` on the connection's thread now; a failed submission is a failed future."""
+
+        def job() -> T:
+            if self._conn is None:
+                raise StoreError("sqlite store is not open")
+            return fn(self._conn)
+
+        try:
+            return self._executor.submit(job)
+        except RuntimeError as e:  # executor shut down
+            failed: Future[T] = Future()
+            failed.set_exception(StoreError(f"sqlite store is closed: {e}"))
+            return failed
+
     async def close(self) -> None:
         def _close() -> None:
             if self._conn is not None:
@@ -258,39 +316,119 @@ def _nadd(a: Any, b: Any) -> Any:
     return a + b
 
 
-def _prepare(
-    events: Sequence[FleetEvent],
-) -> tuple[list[tuple[Any, ...]], list[tuple[str, int]], list[tuple[Any, ...]]]:
-    """Rows for events, stream heads and usage deltas (folded per workspace and day)."""
-    rows: list[tuple[Any, ...]] = []
-    heads: dict[str, int] = {}
-    usage: dict[tuple[str, str], _UsageAcc] | None = None
-    for ev in events:
+def _rows(
+    entries: Sequence[FleetEvent | EventRun], usage: dict[tuple[str, str], _UsageAcc]
+) -> Iterator[tuple[Any, ...]]:
+    """The events' rows, in order; folds usage-relevant events into `usage` on the way."""
+    for entry in entries:
+        if type(entry) is EventRun:
+            repo, agent_id, ts, seq = entry.repo, entry.agent_id, entry.ts, entry.first_seq
+            key = agent_id or stream_key_for(repo, agent_id)
+            for kind in entry.kinds:
+                if type(kind) is tuple:  # an Output as (stream, chunk): see CompactKind
+                    body = _output_json(kind[0], kind[1])
+                    yield (key, seq, ts, repo, agent_id, "output", body)
+                    seq += 1
+                    continue
+                tag = kind.kind  # type: ignore[union-attr]
+                # == kind.model_dump_json(by_alias=True), minus the Python-level wrapper.
+                body = kind.__pydantic_serializer__.to_json(kind, by_alias=True).decode()  # type: ignore[union-attr]
+                yield (key, seq, ts, repo, agent_id, tag, body)
+                if tag == "agent_finished" or tag == "status_changed":
+                    _account(usage, kind, repo, ts)
+                seq += 1
+            continue
+        ev: FleetEvent = entry  # type: ignore[assignment]
         kind = ev.kind
         tag = kind.kind
-        key = ev.stream_key
-        rows.append(
-            (key, ev.seq, ev.ts, ev.repo, ev.agent_id, tag, kind.model_dump_json(by_alias=True))
-        )
-        if heads.get(key, -1) < ev.seq:
-            heads[key] = ev.seq
+        repo, agent_id, ts = ev.repo, ev.agent_id, ev.ts
+        body = kind.__pydantic_serializer__.to_json(kind, by_alias=True).decode()
+        yield (agent_id or stream_key_for(repo, agent_id), ev.seq, ts, repo, agent_id, tag, body)
         if tag == "agent_finished" or tag == "status_changed":
-            if usage is None:
-                usage = {}
-            if isinstance(kind, AgentFinished):
-                acc = usage.setdefault((ev.repo, ev.ts[:10]), _UsageAcc())
-                acc.runs += 1
-                acc.turns += kind.turns
-                acc.cost_usd = _nadd(acc.cost_usd, kind.cost_usd)
-                if kind.usage is not None:
-                    acc.input_tokens = _nadd(acc.input_tokens, kind.usage.input_tokens)
-                    acc.output_tokens = _nadd(acc.output_tokens, kind.usage.output_tokens)
-            elif isinstance(kind, StatusChanged) and kind.to.terminal:
-                acc = usage.setdefault((ev.repo, ev.ts[:10]), _UsageAcc())
-                name = kind.to.value
-                setattr(acc, name, getattr(acc, name) + 1)
-    usage_rows = [acc.row(ws, day) for (ws, day), acc in usage.items()] if usage else []
-    return rows, list(heads.items()), usage_rows
+            _account(usage, kind, repo, ts)
+
+
+def _output_json(stream: str, chunk: str) -> str:
+    """`Output(stream=stream, chunk=chunk).model_dump_json()`, without building the model:
+    orjson and pydantic write the same JSON for these (plain strings; tested)."""
+    return orjson.dumps({"kind": "output", "stream": stream, "chunk": chunk}).decode()
+
+
+def _usage_rows(usage: dict[tuple[str, str], _UsageAcc]) -> list[tuple[Any, ...]]:
+    return [acc.row(ws, day) for (ws, day), acc in usage.items()]
+
+
+def _json_rows(entries: Sequence[FleetEvent | EventRun]) -> tuple[bytes | None, list[Any]]:
+    """The rows as one JSON array for `_INSERT_JSON_ROWS` (None when JSON could not carry them
+    exactly: SQLite's JSON text ends at a NUL character; checked conservatively, an escaped NUL
+    inside a kind's JSON also sends the batch down the bound-parameter path) and the usage rows."""
+    usage: dict[tuple[str, str], _UsageAcc] = {}
+    rows = list(_rows(entries, usage))  # tuples of atoms: the GC untracks them, never promotes
+    try:
+        blob = orjson.dumps(rows)
+    except TypeError:  # e.g. a str orjson refuses; binding reports it properly
+        return None, _usage_rows(usage)
+    return (None if b"\\u0000" in blob else blob), _usage_rows(usage)
+
+
+def _bound_rows(entries: Sequence[FleetEvent | EventRun]) -> tuple[list[Any], list[Any]]:
+    usage: dict[tuple[str, str], _UsageAcc] = {}
+    rows = list(_rows(entries, usage))
+    return rows, _usage_rows(usage)
+
+
+def _account(usage: dict[tuple[str, str], _UsageAcc], kind: Any, repo: str, ts: str) -> None:
+    """Fold a usage-relevant event into the per-workspace, per-UTC-day deltas."""
+    if isinstance(kind, AgentFinished):
+        acc = usage.setdefault((repo, ts[:10]), _UsageAcc())
+        acc.runs += 1
+        acc.turns += kind.turns
+        acc.cost_usd = _nadd(acc.cost_usd, kind.cost_usd)
+        if kind.usage is not None:
+            acc.input_tokens = _nadd(acc.input_tokens, kind.usage.input_tokens)
+            acc.output_tokens = _nadd(acc.output_tokens, kind.usage.output_tokens)
+    elif isinstance(kind, StatusChanged) and kind.to.terminal:
+        acc = usage.setdefault((repo, ts[:10]), _UsageAcc())
+        name = kind.to.value
+        setattr(acc, name, getattr(acc, name) + 1)
+
+
+def _has_json(conn: sqlite3.Connection) -> bool:
+    try:
+        row = conn.execute(
+            "SELECT json_extract(value, '$[0]') FROM json_each('[[\"x\"]]')"
+        ).fetchone()
+    except sqlite3.Error:
+        return False
+    return row is not None and row[0] == "x"
+
+
+def _rows_per_insert(conn: sqlite3.Connection) -> int:
+    """The largest power of two <= _ROWS_PER_INSERT that fits the host parameter limit."""
+    limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    n = _ROWS_PER_INSERT
+    while n > 1 and n * _EVENT_COLS > limit:
+        n //= 2
+    return n
+
+
+def _insert_bound(conn: sqlite3.Connection, rows: list[tuple[Any, ...]], per: int) -> int:
+    """Insert the rows, in order, bound as parameters of few multi-row statements: full
+    `per`-row ones, then the rest by powers of two (few distinct statements ever prepared).
+    Returns the last rowid."""
+    total = len(rows)
+    done = 0
+    last = 0
+    while done < total:
+        left = total - done
+        n = per if left >= per else 1 << (left.bit_length() - 1)
+        sql = _INSERT_ROWS_SQL.get(n)
+        if sql is None:
+            sql = _INSERT_ROWS_SQL[n] = _insert_rows_sql(n)
+        cur = conn.execute(sql, [v for row in rows[done : done + n] for v in row])
+        last = cur.lastrowid or 0
+        done += n
+    return last
 
 
 def _row_to_event(row: tuple[Any, ...]) -> FleetEvent | None:
@@ -308,6 +446,10 @@ def _row_to_event(row: tuple[Any, ...]) -> FleetEvent | None:
         return None
 
 
+class AppendSkipped(StoreError):
+    """An append queued `after` one that failed: nothing of it was written."""
+
+
 def _wrap(e: sqlite3.Error, what: str) -> StoreError:
     return StoreError(f"sqlite {what} failed: {e}")
 
@@ -319,6 +461,8 @@ class SqliteEventStore:
         self.path = str(path)
         self._writer: _Db | None = None
         self._reader: _Db | None = None
+        self._json: bool | None = None  # SQLite has json_each (probed on first append)
+        self._rows_per_insert = _ROWS_PER_INSERT
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -363,16 +507,75 @@ class SqliteEventStore:
     async def append_batch(self, events: Sequence[FleetEvent]) -> list[int]:
         if not events:
             return []
-        n = len(events)
+        return await asyncio.wrap_future(self.submit_append(events))
 
-        def job(conn: sqlite3.Connection) -> int:
-            # Serialising here keeps ~1.5 µs/event of pydantic work off the event loop.
-            rows, heads, usage_rows = _prepare(events)
+    def batch_submitter(
+        self,
+    ) -> (
+        Callable[[Sequence[FleetEvent | EventRun], Future[list[int]] | None], Future[list[int]]]
+        | None
+    ):
+        """`submit_append`, unless `append_batch` is customised (by a subclass, or patched on
+        the instance): then every append must go through it, so there is no synchronous path.
+        Asked again for every batch."""
+        if type(self).append_batch is not SqliteEventStore.append_batch or (
+            "append_batch" in vars(self)
+        ):
+            return None
+        return self.submit_append
+
+    def submit_append(
+        self, events: Sequence[FleetEvent | EventRun], after: Future[list[int]] | None = None
+    ) -> Future[list[int]]:
+        """`append_batch`, started right now (synchronously queued to the writer thread): the
+        returned future resolves to the ordinals or fails with SeqConflict / StoreError exactly
+        like `append_batch`. Lets the emitter hand a batch over without an event-loop turn.
+        Takes `EventRun`s as well as events (a run counts as its events, in order).
+
+        `after`: an append submitted earlier; unless it succeeded, this one writes nothing and
+        fails with `AppendSkipped` (so a caller can queue the next batch before the previous one
+        is known to be committed, and still retry them in order)."""
+        n = sum(len(e) if type(e) is EventRun else 1 for e in events)
+        if n == 0 and after is None:
+            done: Future[list[int]] = Future()
+            done.set_result([])
+            return done
+
+        def job(conn: sqlite3.Connection) -> list[int]:
+            # Appends run one at a time, in submission order: `after` has finished by now.
+            if after is not None and (after.cancelled() or after.exception() is not None):
+                raise AppendSkipped("the previous append did not succeed")
+            if n == 0:
+                return []
+            try:
+                last = insert(conn)
+            except sqlite3.IntegrityError as e:
+                raise SeqConflict(f"(stream_key, seq) already stored: {e}") from e
+            except sqlite3.Error as e:
+                raise _wrap(e, "append") from e
+            # Contiguous: the batch was inserted under one write lock (AUTOINCREMENT).
+            return list(range(last - n + 1, last + 1))
+
+        def insert(conn: sqlite3.Connection) -> int:
+            # Serialising here keeps the pydantic work off the event loop.
+            if self._json is None:
+                self._json = _has_json(conn)
+                self._rows_per_insert = _rows_per_insert(conn)
+            blob: bytes | None = None
+            if self._json:
+                blob, usage_rows = _json_rows(events)
+            if blob is None:
+                rows, usage_rows = _bound_rows(events)
+            if blob is not None and not usage_rows:
+                # One statement: atomic by itself.
+                cur = conn.execute(_INSERT_JSON_ROWS, (blob,))
+                return cur.lastrowid or 0
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.executemany(_INSERT_EVENT, rows)
-                last: int = conn.execute("SELECT last_insert_rowid()").fetchone()[0]
-                conn.executemany(_UPSERT_HEAD, heads)
+                if blob is not None:
+                    last = conn.execute(_INSERT_JSON_ROWS, (blob,)).lastrowid or 0
+                else:
+                    last = _insert_bound(conn, rows, self._rows_per_insert)
                 if usage_rows:
                     conn.executemany(_UPSERT_USAGE, usage_rows)
                 conn.execute("COMMIT")
@@ -382,23 +585,24 @@ class SqliteEventStore:
                 raise
             return last
 
-        try:
-            last = await self._w().run(job)
-        except sqlite3.IntegrityError as e:
-            raise SeqConflict(f"(stream_key, seq) already stored: {e}") from e
-        except sqlite3.Error as e:
-            raise _wrap(e, "append") from e
-        # Ordinals are contiguous: the batch was inserted under one write lock (AUTOINCREMENT).
-        return list(range(last - n + 1, last + 1))
+        return self._w().submit(job)
 
     async def prune(self, before_ts: str) -> int:
         def chunk(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS prune_chunk (ordinal INTEGER PRIMARY KEY)"
+            )
             conn.execute("BEGIN IMMEDIATE")
             try:
-                cur = conn.execute(
-                    "DELETE FROM events WHERE ordinal IN "
-                    "(SELECT ordinal FROM events WHERE ts < ? LIMIT ?)",
+                conn.execute("DELETE FROM temp.prune_chunk")
+                conn.execute(
+                    "INSERT INTO temp.prune_chunk SELECT ordinal FROM events WHERE ts < ? LIMIT ?",
                     (before_ts, PRUNE_CHUNK),
+                )
+                # The heads first, so high_water never goes backwards (see the module doc).
+                conn.execute(_FOLD_PRUNED_HEADS)
+                cur = conn.execute(
+                    "DELETE FROM events WHERE ordinal IN (SELECT ordinal FROM temp.prune_chunk)"
                 )
                 conn.execute("COMMIT")
             except BaseException:
@@ -491,10 +695,8 @@ class SqliteEventStore:
 
     async def high_water(self, stream_key: str) -> int:
         def job(conn: sqlite3.Connection) -> int:
-            row = conn.execute(
-                "SELECT high_water FROM stream_heads WHERE stream_key = ?", (stream_key,)
-            ).fetchone()
-            return int(row[0]) if row else 0
+            row = conn.execute(_HIGH_WATER, (stream_key,)).fetchone()
+            return int(row[0]) if row and row[0] is not None else 0
 
         return await self._read(job, "high_water")
 
