@@ -13,8 +13,14 @@ import orjson
 import pytest
 
 from prospero.core import metrics as m
-from prospero.core.drivers.base import AgentDriver, DriverExit, DriverOptions, DriverTarget
-from prospero.core.drivers.ndjson import NdjsonDriver, backoff_delay
+from prospero.core.drivers.base import (
+    AgentDriver,
+    DriverExit,
+    DriverOptions,
+    DriverTarget,
+    backoff_delay,
+)
+from prospero.core.drivers.ndjson import NdjsonDriver
 from prospero.core.errors import AgentNotFound
 from prospero.core.metrics import Metrics
 from prospero.core.normalize import normalize_lines

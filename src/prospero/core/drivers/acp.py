@@ -74,8 +74,14 @@ from acp.connection import StreamDirection, StreamEvent
 from pydantic import ValidationError
 
 from prospero.core import metrics as m
-from prospero.core.drivers.base import DriverExit, DriverOptions, DriverTarget, EventSink
-from prospero.core.drivers.ndjson import CursorStore, backoff_delay
+from prospero.core.drivers.base import (
+    CursorStore,
+    DriverExit,
+    DriverOptions,
+    DriverTarget,
+    EventSink,
+    wait_before_retry,
+)
 from prospero.core.errors import Conflict, InvalidState, ProsperoError
 from prospero.core.metrics import Metrics
 from prospero.core.normalize import RESULT_TEXT_CAP
@@ -648,15 +654,9 @@ class AcpDriver:
                     self._last_error or "unknown",
                 )
                 return DriverExit.gave_up
-            delay = backoff_delay(
-                self.target.agent_id,
-                failures - 1,
-                self.options.backoff_base,
-                self.options.backoff_cap,
+            await wait_before_retry(
+                self.target.agent_id, failures, self.options, self.metrics, self._close_event
             )
-            self.metrics.inc(m.ATTACH_RECONNECTS)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._close_event.wait(), delay)
             if self._closing:
                 return DriverExit.closed
 

@@ -6,11 +6,16 @@ EventSink and accept the same steering calls; they differ only inside their own 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from prospero.core import metrics as m
+from prospero.core.metrics import Metrics
 from prospero.core.ratecard import RateCard
 from prospero.core.transport import NetworkSecurity
 from prospero.core.wire.control import Endpoint, SpawnSpec
@@ -21,6 +26,36 @@ EventSink = Callable[[EventKind], Awaitable[None]]
 
 EndpointResolver = Callable[[], Awaitable[Endpoint]]
 """Looks up the agent's current per-agent endpoint (caliband `attach`)."""
+
+
+class CursorStore(Protocol):
+    """Where drivers keep opaque resume state (the EventStore has these methods)."""
+
+    async def save_cursor(self, key: str, data: bytes) -> None: ...
+
+    async def load_cursor(self, key: str) -> bytes | None: ...
+
+
+def backoff_delay(agent_id: str, attempt: int, base: float, cap: float) -> float:
+    """`min(cap, base * 2^attempt) * jitter`, jitter in [0.5, 1.0) from a stable hash."""
+    h = hashlib.blake2b(f"{agent_id}\x00{attempt}".encode(), digest_size=8).digest()
+    jitter = 0.5 + 0.5 * (int.from_bytes(h, "big") / 2**64)
+    return min(cap, base * 2.0 ** min(max(attempt, 0), 62)) * jitter
+
+
+async def wait_before_retry(
+    agent_id: str,
+    failures: int,
+    options: DriverOptions,
+    metrics: Metrics,
+    closed: asyncio.Event,
+) -> None:
+    """The reconnect pause shared by every driver: jittered exponential backoff, cut short
+    when the driver is closed."""
+    delay = backoff_delay(agent_id, failures - 1, options.backoff_base, options.backoff_cap)
+    metrics.inc(m.ATTACH_RECONNECTS)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(closed.wait(), delay)
 
 
 class DriverExit(enum.Enum):

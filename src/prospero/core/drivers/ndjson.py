@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -40,7 +39,14 @@ from typing import Any, Protocol, cast
 import orjson
 
 from prospero.core import metrics as m
-from prospero.core.drivers.base import DriverExit, DriverOptions, DriverTarget, EventSink
+from prospero.core.drivers.base import (
+    CursorStore,
+    DriverExit,
+    DriverOptions,
+    DriverTarget,
+    EventSink,
+    wait_before_retry,
+)
 from prospero.core.drivers.line_cursor import (
     DEFAULT_WINDOW,
     Gap,
@@ -72,14 +78,6 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 
 
-class CursorStore(Protocol):
-    """Where drivers keep opaque resume state (the EventStore has these methods)."""
-
-    async def save_cursor(self, key: str, data: bytes) -> None: ...
-
-    async def load_cursor(self, key: str) -> bytes | None: ...
-
-
 class BatchEventSink(Protocol):
     """An EventSink that may also take several events, in wire order, in one call. The
     driver uses `emit_batch` when the sink has it (the FleetManager's does): one await and
@@ -89,13 +87,6 @@ class BatchEventSink(Protocol):
     async def __call__(self, kind: EventKind) -> None: ...
 
     async def emit_batch(self, kinds: list[CompactKind]) -> None: ...
-
-
-def backoff_delay(agent_id: str, attempt: int, base: float, cap: float) -> float:
-    """`min(cap, base * 2^attempt) * jitter`, jitter in [0.5, 1.0) from a stable hash."""
-    h = hashlib.blake2b(f"{agent_id}\x00{attempt}".encode(), digest_size=8).digest()
-    jitter = 0.5 + 0.5 * (int.from_bytes(h, "big") / 2**64)
-    return min(cap, base * 2.0 ** min(max(attempt, 0), 62)) * jitter
 
 
 class NdjsonDriver:
@@ -229,15 +220,9 @@ class NdjsonDriver:
                     failures,
                 )
                 return DriverExit.gave_up
-            delay = backoff_delay(
-                self.target.agent_id,
-                failures - 1,
-                self.options.backoff_base,
-                self.options.backoff_cap,
+            await wait_before_retry(
+                self.target.agent_id, failures, self.options, self.metrics, self._close_event
             )
-            self.metrics.inc(m.ATTACH_RECONNECTS)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._close_event.wait(), delay)
             if self._closing:
                 return DriverExit.closed
 
