@@ -8,6 +8,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(os.environ.get("PROSPERO_FIXTURES", REPO.parent / "shared" / "fixtures" / "caliband"))
@@ -36,3 +37,16 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {what or cond}")
         await asyncio.sleep(interval)
+
+
+def poll_until_sync(cond: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+    """Blocking variant of `wait_until` for synchronous tests: returns cond()'s first truthy
+    value, polling every 50 ms; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {what or cond}")
+        time.sleep(0.05)  # poll interval

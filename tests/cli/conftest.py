@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,7 +35,7 @@ from prospero.core.wire.control import SpawnSpec
 from prospero.daemon.runtime import DaemonConfig, Runtime
 from prospero.testkit import scripts
 from prospero.testkit.fake_caliband import FakeCaliband
-from tests.support import short_tmpdir
+from tests.support import poll_until_sync, short_tmpdir
 
 T = TypeVar("T")
 
@@ -205,14 +204,7 @@ class LiveStack:
 
     def wait_for(self, cond: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
         """Bounded polling (no fixed sleeps): returns cond()'s first truthy value."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = cond()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not met within {timeout}s: {what or cond}")
-            time.sleep(0.05)
+        return poll_until_sync(cond, timeout, what)
 
     def wait_status(self, agent_id: str, *statuses: str, timeout: float = 20.0) -> dict[str, Any]:
         return self.wait_for(

@@ -20,20 +20,15 @@ import httpx
 import pytest
 
 from prospero.testkit.demo_scripts import DEMO_FLEET
+from tests.support import poll_until_sync
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "prospero"
 BANNER = re.compile(r"Prospero demo running at (http://127\.0\.0\.1:\d+) — Ctrl-C to stop")
 
 
+
 def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {what}")
-        time.sleep(0.05)
+    return poll_until_sync(cond, timeout, what)
 
 
 class DemoProcess:
