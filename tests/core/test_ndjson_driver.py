@@ -543,3 +543,62 @@ async def test_cancelled_run_saves_a_consistent_state(rig: Rig) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+# ---- transcript recovery -------------------------------------------------------------------
+
+
+async def test_short_run_finished_before_dial_is_recovered_from_the_transcript(tmp: str) -> None:
+    """The worker played its whole run and exited (socket gone) before the driver dialled:
+    the lines come from the agent's stdout.ndjson transcript instead."""
+    rig = Rig(tmp)
+    script = scripts.tool_run_script()
+    w = FakeAgentWorker(rig.agent_id, script, transcript_path=f"{tmp}/stdout.ndjson", linger=0)
+    rig.endpoint = await w.serve_unix(f"{tmp}/{rig.agent_id}.sock")
+    w.start()
+    await w.wait_finished(10)
+    rec = Recorder()
+    metrics = Metrics()
+    target = rig.target()
+    target.session_dir = tmp
+    driver = NdjsonDriver(target, rec, OPTS, metrics)
+    assert await asyncio.wait_for(driver.run(), 20) == DriverExit.finished
+    lines = [orjson.dumps(f) for f in script if isinstance(f, dict) and "type" in f]
+    assert [k.model_dump() for k in rec.events] == [
+        k.model_dump() for k in normalize_lines(lines, OPTS)
+    ]
+    assert metrics.get(m.TRANSCRIPT_RECOVERIES) == 1
+
+
+async def test_transcript_continues_a_long_run_exactly(tmp: str) -> None:
+    """A restarted driver holding 2,500 of 3,000 lines finds the socket gone: the transcript
+    (from line 1, longer than the cursor window) yields exactly the missing 500, no gap."""
+    rig = Rig(tmp)
+    script = scripts.long_script(3000, per_turn=500)
+    store = MemoryCursorStore()
+    w = FakeAgentWorker(rig.agent_id, script, transcript_path=f"{tmp}/stdout.ndjson", linger=0)
+    rig.endpoint = await w.serve_unix(f"{tmp}/{rig.agent_id}.sock")
+    w.start()
+    w.pause()
+    rec1 = Recorder()
+    target = rig.target()
+    target.session_dir = tmp
+    first = NdjsonDriver(target, rec1, OPTS, Metrics(), store)
+    task = asyncio.create_task(first.run())
+    await wait_until(lambda: w.connections_total > 0, 10)
+    w.resume()
+    await wait_until(lambda: first.cursor.seen >= 2500, 20, interval=0.002)
+    w.pause()
+    await wait_until(lambda: first.cursor.seen == w.lines_emitted, 10, interval=0.002)
+    await first.close()
+    await task
+    w.resume()
+    await w.wait_finished(20)
+    rec2 = Recorder()
+    second = NdjsonDriver(target, rec2, OPTS, Metrics(), store)
+    assert await asyncio.wait_for(second.run(), 20) == DriverExit.finished
+    lines = [orjson.dumps(f) for f in script if isinstance(f, dict) and "type" in f]
+    whole = [k.model_dump() for k in normalize_lines(lines, OPTS)]
+    got = [k.model_dump() for k in rec1.events + rec2.events]
+    assert not any(isinstance(k, StreamGap) for k in rec2.events)
+    assert got == whole

@@ -82,6 +82,9 @@ class DriverTarget:
     interactive: bool = False
     spec: SpawnSpec | None = None
     working_dir: str = ""
+    # The agent's store dir; when it is readable here (a local caliband), its `stdout.ndjson`
+    # transcript lets a driver recover lines the socket can no longer serve.
+    session_dir: str = ""
 
 
 @runtime_checkable

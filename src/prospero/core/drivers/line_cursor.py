@@ -117,6 +117,11 @@ class LineCursor(Generic[P]):
     def buffered(self) -> int:
         return len(self._buf)
 
+    @property
+    def held(self) -> int:
+        """How many of the most recent lines are held for overlap matching (<= window)."""
+        return min(len(self._held), self.window)
+
     # ---- connection lifecycle -----------------------------------------------------------------
 
     def begin_connection(self) -> None:

@@ -34,6 +34,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 import orjson
@@ -59,6 +60,7 @@ from prospero.core.metrics import Metrics
 from prospero.core.normalize import Normalizer
 from prospero.core.transport import (
     MAX_LINE,
+    STREAM_LIMIT,
     LineReader,
     OversizedLine,
     close_writer,
@@ -87,6 +89,17 @@ class BatchEventSink(Protocol):
     async def __call__(self, kind: EventKind) -> None: ...
 
     async def emit_batch(self, kinds: list[CompactKind]) -> None: ...
+
+
+def _drop_lines(data: bytes, n: int) -> bytes:
+    """`data` without its first `n` newline-terminated lines."""
+    pos = 0
+    for _ in range(n):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            return b""
+        pos = nl + 1
+    return data[pos:]
 
 
 class NdjsonDriver:
@@ -129,6 +142,7 @@ class NdjsonDriver:
         self._idle = asyncio.Event()
         self._idle.set()
         self._writer: asyncio.StreamWriter | None = None
+        self._transcript_size = -1  # size of stdout.ndjson when last replayed
         # persistence bookkeeping
         self._version = 0  # bumped per processed batch of cursor output
         self._saved_version = 0
@@ -231,7 +245,7 @@ class NdjsonDriver:
         agent = self.target.agent_id
         conn = await self._dial()
         if conn is None:
-            return False
+            return await self._from_transcript()
         reader, writer = conn
         if self._closing:
             writer.transport.abort()
@@ -278,6 +292,48 @@ class NdjsonDriver:
                 writer.transport.abort()
             else:
                 await close_writer(writer)
+        await self._save()
+        return got_new
+
+    async def _from_transcript(self) -> bool:
+        """The socket is gone (the worker exited, e.g. a short run that ended before we
+        dialled): replay the agent's `stdout.ndjson` transcript instead, when it is readable
+        here. It holds every line from line 1, so the lines we already hold are skipped down to
+        the cursor's window and the overlap is verified as for a socket replay. True if it
+        delivered a new line."""
+        if not self.target.session_dir or self._closing:
+            return False
+        path = Path(self.target.session_dir) / "stdout.ndjson"
+        try:
+            size = await asyncio.to_thread(lambda: path.stat().st_size)
+        except OSError:
+            return False
+        if size == self._transcript_size:
+            return False  # nothing new since the last read
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+        except OSError as e:
+            log.info("agent %s: transcript unreadable: %s", self.target.agent_id, e)
+            return False
+        self._transcript_size = size
+        skip = max(0, self.cursor.seen - self.cursor.held)
+        if skip:
+            data = _drop_lines(data, skip)
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        reader.feed_data(data)
+        reader.feed_eof()
+        self.cursor.begin_connection()
+        lines = LineReader(reader)
+        got_new = False
+        try:
+            while not self._closing and (batch := await lines.read_lines()) is not None:
+                if await self._take(batch):
+                    got_new = True
+        finally:
+            self.discarded_lines += self.cursor.end_connection()
+        if got_new:
+            self.metrics.inc(m.TRANSCRIPT_RECOVERIES)
+            log.info("agent %s: recovered lines from %s", self.target.agent_id, path)
         await self._save()
         return got_new
 

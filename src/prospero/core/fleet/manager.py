@@ -379,6 +379,7 @@ class FleetManager:
             interactive=rec.spec.interactive,
             spec=rec.spec,
             working_dir=rec.working_dir,
+            session_dir=rec.session_dir,
         )
         cursor_store: CursorStoreLike | None = self.store  # EventStore carries cursors
         return factory(target, sink, self.config.driver_options(), self.metrics, cursor_store)
