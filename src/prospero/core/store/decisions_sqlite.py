@@ -21,7 +21,6 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ from pydantic import ValidationError
 
 from prospero.core.errors import StoreError
 from prospero.core.store.decisions import SessionRule
+from prospero.core.store.sqlite_db import SqliteDb
 from prospero.types.decisions import Decision, DecisionState, WorkspacePolicy
 from prospero.types.events import DecisionOption, DecisionToolCall
 
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-BUSY_TIMEOUT_MS = 5000
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS decisions (
@@ -147,16 +146,6 @@ def _decision(row: tuple[Any, ...]) -> Decision | None:
         return None
 
 
-def _connect(path: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(
-        path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
-    )
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    return conn
-
-
 def _init(conn: sqlite3.Connection) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -173,62 +162,38 @@ class SqliteDecisionStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self._executor: ThreadPoolExecutor | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._db: SqliteDb | None = None
         self._lock = asyncio.Lock()
 
     async def open(self) -> None:
         async with self._lock:
-            if self._conn is not None:
+            if self._db is not None:
                 return
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-decisions")
-            loop = asyncio.get_running_loop()
-
-            def _open() -> sqlite3.Connection:
-                conn = _connect(self.path)
-                try:
-                    _init(conn)
-                except BaseException:
-                    conn.close()
-                    raise
-                return conn
-
+            db = SqliteDb(self.path, "decisions")
             try:
-                self._conn = await loop.run_in_executor(executor, _open)
+                await db.open()
+                await db.run(_init)
             except sqlite3.Error as e:
-                executor.shutdown(wait=False)
+                await db.close()
                 raise StoreError(f"decision store open failed: {e}") from e
-            self._executor = executor
+            self._db = db
 
     async def close(self) -> None:
-        executor, conn = self._executor, self._conn
-        self._executor, self._conn = None, None
-        if executor is None:
-            return
-        if conn is not None:
-            try:
-                await asyncio.get_running_loop().run_in_executor(executor, conn.close)
-            except (RuntimeError, sqlite3.Error):
-                pass
-        executor.shutdown(wait=True)
+        db, self._db = self._db, None
+        if db is not None:
+            await db.close()
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
-        if self._conn is None:
+        if self._db is None:
             await self.open()
-        executor, conn = self._executor, self._conn
-        if executor is None or conn is None:
+        db = self._db
+        if db is None:
             raise StoreError("decision store is closed")
-
-        def job() -> T:
-            return fn(conn)
-
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, job)
+            return await db.run(fn)
         except sqlite3.Error as e:
             raise StoreError(f"decision store {what} failed: {e}") from e
-        except RuntimeError as e:  # executor shut down
-            raise StoreError(f"decision store is closed: {e}") from e
 
     # ---- decisions ---------------------------------------------------------------------------
 

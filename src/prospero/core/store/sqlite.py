@@ -45,7 +45,7 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,6 +54,7 @@ import orjson
 
 from prospero.core.errors import SeqConflict, StoreError
 from prospero.core.store.base import StoredEvent, UsageDay
+from prospero.core.store.sqlite_db import SqliteDb
 from prospero.types.events import (
     EVENT_KIND_ADAPTER,
     AgentFinished,
@@ -69,7 +70,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SCHEMA_VERSION = 2
-BUSY_TIMEOUT_MS = 5000
 # Rows deleted per retention transaction: keeps the write lock short so appends interleave.
 PRUNE_CHUNK = 5000
 
@@ -186,25 +186,6 @@ _SELECT_EVENT_COLS = "seq, ts, repo, agent_id, kind"
 _OUTCOMES = ("done", "failed", "killed", "crashed")
 
 
-def _connect(path: str) -> sqlite3.Connection:
-    # isolation_level=None: autocommit; transactions are explicit (BEGIN IMMEDIATE).
-    conn = sqlite3.connect(
-        path,
-        timeout=BUSY_TIMEOUT_MS / 1000,
-        isolation_level=None,
-        check_same_thread=False,
-    )
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-    if mode is None or str(mode[0]).lower() != "wal":
-        log.warning("sqlite %s: could not enable WAL (journal_mode=%s)", path, mode)
-    # In WAL mode NORMAL is safe against application crashes; only an OS crash / power loss
-    # can lose the last commits (never corrupt the file).
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA foreign_keys = OFF")
-    return conn
-
-
 def _init_schema(conn: sqlite3.Connection) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -221,63 +202,6 @@ def _init_schema(conn: sqlite3.Connection) -> None:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-
-
-class _Db:
-    """One sqlite connection pinned to its own single-thread executor."""
-
-    def __init__(self, path: str, name: str) -> None:
-        self._path = path
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sqlite-{name}")
-        self._conn: sqlite3.Connection | None = None
-
-    async def open(self) -> None:
-        def _open() -> None:
-            if self._conn is None:
-                self._conn = _connect(self._path)
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, _open)
-
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        def job() -> T:
-            if self._conn is None:
-                raise StoreError("sqlite store is not open")
-            return fn(self._conn)
-
-        loop = asyncio.get_running_loop()
-        try:
-            fut = loop.run_in_executor(self._executor, job)
-        except RuntimeError as e:  # executor shut down
-            raise StoreError(f"sqlite store is closed: {e}") from e
-        return await fut
-
-    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> Future[T]:
-        """Queue `fn` on the connection's thread now; a failed submission is a failed future."""
-
-        def job() -> T:
-            if self._conn is None:
-                raise StoreError("sqlite store is not open")
-            return fn(self._conn)
-
-        try:
-            return self._executor.submit(job)
-        except RuntimeError as e:  # executor shut down
-            failed: Future[T] = Future()
-            failed.set_exception(StoreError(f"sqlite store is closed: {e}"))
-            return failed
-
-    async def close(self) -> None:
-        def _close() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._executor, _close)
-        except RuntimeError:
-            pass
-        self._executor.shutdown(wait=True)
 
 
 @dataclass(slots=True)
@@ -459,8 +383,8 @@ class SqliteEventStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self._writer: _Db | None = None
-        self._reader: _Db | None = None
+        self._writer: SqliteDb | None = None
+        self._reader: SqliteDb | None = None
         self._json: bool | None = None  # SQLite has json_each (probed on first append)
         self._rows_per_insert = _ROWS_PER_INSERT
 
@@ -470,8 +394,8 @@ class SqliteEventStore:
         if self._writer is not None:
             return
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        writer = _Db(self.path, "w")
-        reader = _Db(self.path, "r")
+        writer = SqliteDb(self.path, "w")
+        reader = SqliteDb(self.path, "r")
         try:
             await writer.open()
             await writer.run(_init_schema)
@@ -492,12 +416,12 @@ class SqliteEventStore:
         if writer is not None:
             await writer.close()
 
-    def _w(self) -> _Db:
+    def _w(self) -> SqliteDb:
         if self._writer is None:
             raise StoreError("sqlite event store is not open")
         return self._writer
 
-    def _r(self) -> _Db:
+    def _r(self) -> SqliteDb:
         if self._reader is None:
             raise StoreError("sqlite event store is not open")
         return self._reader
@@ -747,7 +671,7 @@ class SqliteConfigStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        self._db: _Db | None = None
+        self._db: SqliteDb | None = None
         self._lock = asyncio.Lock()
 
     async def open(self) -> None:
@@ -755,7 +679,7 @@ class SqliteConfigStore:
             if self._db is not None:
                 return
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            db = _Db(self.path, "cfg")
+            db = SqliteDb(self.path, "cfg")
             try:
                 await db.open()
                 await db.run(_init_schema)
