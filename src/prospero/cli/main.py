@@ -468,6 +468,15 @@ def follow(
                 renderer.finish()
 
 
+def _agent_action(
+    ctx: typer.Context, addr: str | None, token: str | None, agent_id: str, action: str, done: str
+) -> None:
+    """POST a body-less agent operation (kill, end-input, cancel) and say it was sent."""
+    with _client(ctx, addr, token) as c:
+        c.request("POST", f"/api/agents/{seg(agent_id)}/{action}", send_body=True)
+    _console().print(done)
+
+
 @app.command("kill")
 @handle_errors
 def kill(
@@ -477,9 +486,7 @@ def kill(
     token: TokenOpt = None,
 ) -> None:
     """Kill an agent (caliband stops it)."""
-    with _client(ctx, addr, token) as c:
-        c.request("POST", f"/api/agents/{seg(agent_id)}/kill", send_body=True)
-    _console().print(f"kill requested for {agent_id}")
+    _agent_action(ctx, addr, token, agent_id, "kill", f"kill requested for {agent_id}")
 
 
 @app.command("respawn")
@@ -549,9 +556,7 @@ def end_input(
     token: TokenOpt = None,
 ) -> None:
     """Tell an interactive agent there is no more input (it finishes its run)."""
-    with _client(ctx, addr, token) as c:
-        c.request("POST", f"/api/agents/{seg(agent_id)}/end-input", send_body=True)
-    _console().print(f"end-input sent to {agent_id}")
+    _agent_action(ctx, addr, token, agent_id, "end-input", f"end-input sent to {agent_id}")
 
 
 @app.command("cancel")
@@ -563,9 +568,7 @@ def cancel(
     token: TokenOpt = None,
 ) -> None:
     """Cancel the agent's current turn (drivers that support it)."""
-    with _client(ctx, addr, token) as c:
-        c.request("POST", f"/api/agents/{seg(agent_id)}/cancel", send_body=True)
-    _console().print(f"cancel requested for {agent_id}")
+    _agent_action(ctx, addr, token, agent_id, "cancel", f"cancel requested for {agent_id}")
 
 
 @app.command("usage")
