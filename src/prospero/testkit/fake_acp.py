@@ -923,6 +923,9 @@ class AcpAgentListener:
             # Flush what the process wrote before it ended, then clean up stragglers.
             await asyncio.wait({down}, timeout=CLOSE_GRACE)
             self._kill_group(proc, signal.SIGKILL)
+            # Record the process's end before reporting the agent's: whoever sees the final
+            # status also finds the exit code here.
+            self.process_exit_codes.append(_exit_code(proc))
             if not killed_by_us:
                 self._begin_exit(_exit_code(proc))  # before the client sees EOF
         finally:
@@ -937,7 +940,6 @@ class AcpAgentListener:
                     writer.write_eof()
                 writer.close()
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
-        self.process_exit_codes.append(_exit_code(proc))
 
 
 def _exit_code(proc: asyncio.subprocess.Process) -> int:
