@@ -271,3 +271,84 @@ async def test_shutdown_closes_open_streams(stack: Stack) -> None:
         await asyncio.wait_for(drain(), 10)  # the server ended the stream
         await asyncio.wait_for(stopper, 15)
     assert hub.open_streams == 0
+
+
+async def test_fleet_stream_kind_filter(stack: Stack) -> None:
+    agent_id = await stack.spawn("tools")
+    await stack.wait_finished(agent_id)
+    store = stack.runtime.store
+    assert store is not None
+    wanted = {"status_changed", "agent_finished"}
+    expected = [se for se in await store.replay_fleet(0) if se.event.kind.kind in wanted]
+    assert any(se.event.kind.kind == "agent_finished" for se in expected)
+    msgs: list[SseMessage] = []
+    async with stack.client.stream(
+        "GET",
+        "/api/stream",
+        params={"kinds": " status_changed , agent_finished "},
+        headers=sse_headers(),
+    ) as resp:
+        assert resp.status_code == 200
+        reader = SseReader(resp)
+        while len(msgs) < len(expected):
+            msg = await asyncio.wait_for(reader.next(), 10)
+            assert msg is not None
+            msgs.append(msg)
+    # only those kinds, in store order, each with its store ordinal as id (ids skip)
+    assert [int(m.id or 0) for m in msgs] == [se.ordinal for se in expected]
+    assert [m.json() for m in msgs] == [se.event.to_json() for se in expected]
+    # resuming a filtered stream by Last-Event-ID starts after that ordinal, still filtered
+    async with stack.client.stream(
+        "GET",
+        "/api/stream",
+        params={"kinds": "agent_finished"},
+        headers=sse_headers({"Last-Event-ID": str(expected[0].ordinal)}),
+    ) as resp:
+        msg = await asyncio.wait_for(SseReader(resp).next(), 10)
+        assert msg is not None and msg.json()["kind"]["kind"] == "agent_finished"
+        assert int(msg.id or 0) > expected[0].ordinal
+    # bad filters are request errors, in the envelope, naming what is wrong
+    body = envelope(
+        await stack.client.get("/api/stream", params={"kinds": "output,bogus"}),
+        422,
+        "invalid_request",
+    )
+    assert "bogus" in body["error"] and "status_changed" in body["error"]
+    envelope(await stack.client.get("/api/stream", params={"kinds": " , "}), 422, "invalid_request")
+    await no_open_streams(stack)
+
+
+async def test_filtered_busy_stream_still_heartbeats() -> None:
+    """Items that the filter drops are not traffic: a stream whose every item is filtered out
+    must still send heartbeats, although its queue is never empty long enough to time out."""
+    from prospero.api.settings import ApiSettings
+    from prospero.api.sse import HEARTBEAT, StreamHub, fleet_encoder_for
+    from prospero.core.metrics import Metrics
+    from prospero.core.store.base import StoredEvent
+    from prospero.types.events import FleetEvent, Output
+
+    heartbeats = 0
+
+    async def busy_output() -> Any:
+        n = 0
+        while heartbeats < 2:
+            n += 1
+            ev = FleetEvent(seq=n, ts="t", repo="ws", agent_id="a", kind=Output(chunk="x"))
+            yield StoredEvent(n, ev)
+
+    hub = StreamHub(ApiSettings(heartbeat_interval=0.05, stream_buffer=8), Metrics())
+    session = hub.open(busy_output(), fleet_encoder_for(frozenset({"agent_finished"})))
+    try:
+
+        async def consume() -> None:
+            nonlocal heartbeats
+            async for msg in session.messages():
+                assert msg is HEARTBEAT, msg  # nothing but heartbeats gets through
+                heartbeats += 1
+                if heartbeats >= 2:
+                    return
+
+        await asyncio.wait_for(consume(), 10)
+    finally:
+        await session.close()
+    assert hub.open_streams == 0

@@ -120,6 +120,8 @@ async def test_token_prompt_session_storage_and_sse(
     # the fleet stream runs with ?access_token= and delivers live changes
     await expect(page.locator("#conn")).to_have_text("live")
     assert any("/api/stream?" in u and f"access_token={token}" in u for u in streams), streams
+    # ...asking only for the kinds the overview acts on (not every output chunk of the fleet)
+    assert all("kinds=" in u and "output" not in u for u in streams), streams
     agent_id = await stack.spawn("paced: with a token")
     await expect(page.locator(f'tr.agent-row[data-agent-id="{agent_id}"] .pill')).to_have_text(
         "done"

@@ -14,7 +14,7 @@ from prospero.api.deps import ApiState, api_state
 from prospero.api.errors import InvalidRequest
 from prospero.api.responses import clean_workspace, dump, errors, json_response
 from prospero.api.routes_agents import FromQuery, parse_last_event_id
-from prospero.api.sse import StreamSession, encode_fleet_item
+from prospero.api.sse import StreamSession, encode_fleet_item, fleet_encoder_for
 from prospero.core.store.base import UsageDay
 from prospero.core.subscription import follow_fleet
 from prospero.types.api import (
@@ -23,6 +23,7 @@ from prospero.types.api import (
     UsageOutcomes,
     UsageReport,
 )
+from prospero.types.events import EVENT_KIND_NAMES
 from prospero.types.model import FleetSnapshot
 
 router = APIRouter(tags=["fleet"])
@@ -49,10 +50,38 @@ def fleet_resume(
     return last if last is not None else max(from_ - 1, 0)
 
 
+def kind_filter(
+    kinds: Annotated[
+        str | None,
+        Query(
+            description=(
+                "Only these event kinds, comma-separated (e.g. "
+                "`status_changed,agent_finished`); default: every kind."
+            ),
+            max_length=2000,
+        ),
+    ] = None,
+) -> frozenset[str] | None:
+    if kinds is None:
+        return None
+    wanted = frozenset(k.strip() for k in kinds.split(",") if k.strip())
+    if not wanted:
+        raise InvalidRequest("kinds must name at least one event kind")
+    unknown = sorted(wanted - EVENT_KIND_NAMES)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown event kind(s) {', '.join(unknown)}; known: {', '.join(sorted(EVENT_KIND_NAMES))}"
+        )
+    return wanted
+
+
 async def fleet_session(
-    st: State, after: Annotated[int, Depends(fleet_resume)]
+    st: State,
+    after: Annotated[int, Depends(fleet_resume)],
+    kinds: Annotated[frozenset[str] | None, Depends(kind_filter)],
 ) -> AsyncIterator[StreamSession]:
-    session = st.hub.open(follow_fleet(st.store, st.bus, after), encode_fleet_item)
+    encode = encode_fleet_item if kinds is None else fleet_encoder_for(kinds)
+    session = st.hub.open(follow_fleet(st.store, st.bus, after), encode)
     try:
         yield session
     finally:
@@ -66,7 +95,8 @@ async def fleet_session(
     description=(
         "Each event is an unnamed message `data: <FleetEvent>` with `id: <store ordinal>`. "
         "Resume with `?from=N` (ordinal >= N) or `Last-Event-ID` (after that ordinal; wins over "
-        "`from`). Events the store failed to persist have no ordinal and are not part of this "
+        "`from`). `?kinds=a,b` keeps only those event kinds (ids stay store ordinals, so they "
+        "skip). Events the store failed to persist have no ordinal and are not part of this "
         "feed. With API auth on, `?access_token=` is accepted here."
     ),
 )

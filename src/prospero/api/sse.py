@@ -75,6 +75,18 @@ def encode_fleet_item(item: Any) -> ServerSentEvent | None:
     return None
 
 
+def fleet_encoder_for(kinds: frozenset[str]) -> Callable[[Any], ServerSentEvent | None]:
+    """`encode_fleet_item` that drops events of other kinds (gap signals still pass: the
+    client must learn it fell behind whatever it filters)."""
+
+    def encode(item: Any) -> ServerSentEvent | None:
+        if isinstance(item, StoredEvent) and item.event.kind.kind not in kinds:
+            return None
+        return encode_fleet_item(item)
+
+    return encode
+
+
 def gap_event(gap: GapSignal) -> ServerSentEvent:
     return ServerSentEvent(
         event="gap",
@@ -127,6 +139,8 @@ class StreamSession:
     async def messages(self) -> AsyncIterator[ServerSentEvent]:
         heartbeat = self.hub.settings.heartbeat_interval
         queue = self.queue
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()  # last time the client was sent anything
         while not self.closed:
             try:
                 item = queue.get_nowait()
@@ -134,13 +148,20 @@ class StreamSession:
                 try:
                     item = await asyncio.wait_for(queue.get(), heartbeat)
                 except TimeoutError:
+                    quiet_since = loop.time()
                     yield HEARTBEAT
                     continue
             if item is _END or item is _CLOSE or self.closed:
                 return
             msg = self.encode(item)
             if msg is not None:
+                quiet_since = loop.time()
                 yield msg
+            elif loop.time() - quiet_since >= heartbeat:
+                # A busy stream whose items are all filtered out still owes the client its
+                # heartbeat (proxies and browsers drop connections that stay silent).
+                quiet_since = loop.time()
+                yield HEARTBEAT
 
     async def close(self) -> None:
         """Release everything (idempotent): pump task, follower, queued items, registration."""

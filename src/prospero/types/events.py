@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -238,6 +238,11 @@ EventKind = Annotated[
 ]
 
 EVENT_KIND_ADAPTER: TypeAdapter[EventKind] = TypeAdapter(EventKind)
+
+# Every kind name this build knows, e.g. for validating a client's kind filter.
+EVENT_KIND_NAMES: frozenset[str] = frozenset(
+    m.model_fields["kind"].default for m in get_args(get_args(EventKind)[0])
+)
 
 TERMINAL_EVENT_KINDS = frozenset({"agent_finished"})
 

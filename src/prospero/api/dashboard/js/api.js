@@ -110,9 +110,11 @@ export const enc = encodeURIComponent;
 /** URL of an SSE endpoint with the resume cursor and, when set, the token as a query param
  *  (EventSource cannot send headers; prosperod accepts ?access_token= on its two streams). */
 export function streamUrl(path, from) {
-  const params = new URLSearchParams();
+  const at = path.indexOf("?");
+  const base = at < 0 ? path : path.slice(0, at);
+  const params = new URLSearchParams(at < 0 ? "" : path.slice(at + 1));
   params.set("from", String(from));
   const token = getToken();
   if (token) params.set("access_token", token);
-  return `${path}?${params.toString()}`;
+  return `${base}?${params.toString()}`;
 }

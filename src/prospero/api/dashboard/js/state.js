@@ -120,6 +120,20 @@ function setConn(state) {
   emit("conn", state);
 }
 
+// The kinds onFleetEvent (and the views listening to "event") act on. Output and tool events,
+// the bulk of a busy fleet's stream, are left to the agent page's own stream.
+const FLEET_KINDS = [
+  "agent_spawned",
+  "agent_discovered",
+  "agent_gone",
+  "status_changed",
+  "repo_health",
+  "turn_finished",
+  "agent_finished",
+  "decision_pending",
+  "decision_resolved",
+];
+
 function onFleetEvent(ev) {
   const k = ev.kind || {};
   switch (k.kind) {
@@ -170,7 +184,7 @@ export async function start() {
   refreshDecisions();
   const from = summary && Number.isFinite(summary.last_ordinal) ? summary.last_ordinal + 1 : 0;
   fleetStream = new ResumableStream(
-    "/api/stream",
+    `/api/stream?kinds=${FLEET_KINDS.join(",")}`,
     {
       onEvent: onFleetEvent,
       onGap: () => {
