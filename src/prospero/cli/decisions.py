@@ -136,7 +136,9 @@ def _watch(
     failures = 0
     while deadline is None or time.monotonic() < deadline:
         try:
-            with c.stream_lines("/api/stream", {"from": last + 1}, None) as resp:
+            with c.stream_lines(
+                "/api/stream", {"from": last + 1, "kinds": ",".join(sorted(DECISION_KINDS))}, None
+            ) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     raise error_from_response(resp)
