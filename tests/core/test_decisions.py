@@ -904,3 +904,37 @@ async def test_options_are_checked_by_the_driver(env: Env) -> None:
     driver, peer, _ = await env.agent(S.AcpScript(turns=[ask_turn(options=custom)]), svc)
     assert await asyncio.wait_for(driver.run(), T) is DriverExit.finished
     assert peer.agent.permission_outcomes[0]["option_id"] == "abort"
+
+
+async def test_cancel_racing_the_event_flush_still_cancels_the_ask(env: Env) -> None:
+    """The ask's task is cancelled at the very moment the driver's event flush completes.
+    Python 3.11's `asyncio.wait_for` returns the inner result then and drops the
+    cancellation; the ask must not go on to wait forever for an answer nobody will send."""
+    svc = await env.service()
+    asker: asyncio.Task[Any] | None = None
+
+    async def flush_then_cancelled() -> None:
+        assert asker is not None
+        asker.cancel()  # lands while the flush itself completes
+
+    request = PermissionRequest(
+        agent_id="ag",
+        session_id="s1",
+        tool_call=PermissionToolCall(id="t1", title="Edit", kind="edit"),
+        options=(PermissionOption("y", "Yes", "allow_once"),),
+        posture="supervised",
+        workspace="ws",
+        flush=flush_then_cancelled,
+    )
+    asker = asyncio.create_task(svc.decide(request))
+    done, _ = await asyncio.wait({asker}, timeout=T)
+    assert done, "the cancelled ask kept waiting"
+    assert asker.cancelled()
+
+    async def cancelled() -> bool:
+        found = await svc.query(agent_id="ag")
+        return len(found) == 1 and found[0].state == "cancelled"
+
+    await wait_until(cancelled, T, what="the ask resolved as cancelled")
+    [d] = await svc.query(agent_id="ag")
+    assert d.decided_by == "cancel"

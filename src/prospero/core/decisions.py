@@ -249,6 +249,15 @@ def pending_event(d: Decision) -> DecisionPending:
     )
 
 
+def _raise_if_cancel_requested() -> None:
+    """Raise CancelledError when this task was asked to cancel but an await on the way here
+    swallowed the request (Python 3.11's wait_for does when its inner future completes at the
+    same time); `Task.cancelling()` still counts it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def resolved_event(d: Decision) -> DecisionResolved:
     opt = d.option(d.option_id)
     return DecisionResolved(
@@ -753,6 +762,7 @@ class DecisionService:
                 d.id,
                 f" until {d.deadline}" if d.deadline else "",
             )
+            _raise_if_cancel_requested()
             final = await self._wait(live)
         except asyncio.CancelledError:
             if not self._closing and not live.future.done():
@@ -795,7 +805,10 @@ class DecisionService:
         if request.flush is None:
             return
         try:
-            await asyncio.wait_for(request.flush(), 5.0)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation that
+            # lands as the flush completes, and the cancelled ask would then wait forever.
+            async with asyncio.timeout(5.0):
+                await request.flush()
         except (TimeoutError, Exception) as e:  # ordering is best effort; never fail the ask
             log.debug(
                 "agent %s: event flush before a decision event failed: %r", request.agent_id, e
