@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from prospero.api.app import api_state_of
+from prospero.core.aio import wait_for
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class ApiServer:
         self._server.should_exit = True  # closes the listener on the next tick
         await api_state_of(self.app).shutdown()  # end SSE streams, cancel drains
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), self.graceful_timeout + 5)
+            await wait_for(asyncio.shield(self._task), self.graceful_timeout + 5)
         except TimeoutError:
             log.warning("HTTP server did not stop in time; cancelling")
             self._server.force_exit = True

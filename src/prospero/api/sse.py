@@ -44,6 +44,7 @@ from fastapi.sse import ServerSentEvent
 
 from prospero.api.metrics_text import API_SSE_STREAMS
 from prospero.api.settings import ApiSettings
+from prospero.core.aio import wait_for
 from prospero.core.metrics import Metrics
 from prospero.core.store.base import StoredEvent
 from prospero.core.subscription import GapSignal
@@ -146,7 +147,7 @@ class StreamSession:
                 item = queue.get_nowait()
             except asyncio.QueueEmpty:
                 try:
-                    item = await asyncio.wait_for(queue.get(), heartbeat)
+                    item = await wait_for(queue.get(), heartbeat)
                 except TimeoutError:
                     quiet_since = loop.time()
                     yield HEARTBEAT
@@ -172,7 +173,7 @@ class StreamSession:
         self.hub._release(self)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(self._task, 5.0)
+            await wait_for(self._task, 5.0)
         await _aclose(self.source)
         while not self.queue.empty():
             self.queue.get_nowait()

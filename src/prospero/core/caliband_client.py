@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from prospero.core.aio import wait_for
 from prospero.core.errors import (
     AgentNotFound,
     CalibandUnreachable,
@@ -79,7 +79,7 @@ class CalibandClient:
         try:
             writer.write(encode_request(req))
             await writer.drain()
-            line = await asyncio.wait_for(read_line(reader), self.timeout)
+            line = await wait_for(read_line(reader), self.timeout)
         except TimeoutError as e:
             raise CalibandUnreachable(
                 f"caliband at {describe(self.endpoint)} did not answer within {self.timeout:g}s"

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from prospero.core.aio import wait_for
 from prospero.core.errors import Conflict, NotFound, ProsperoError, StoreError
 from prospero.core.metrics import Metrics
 from prospero.core.permissions import (
@@ -402,7 +403,7 @@ class WebhookNotifier:
         """Deliver what is queued (bounded by `drain` seconds), then stop."""
         if self._queues:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
+                await wait_for(
                     asyncio.gather(*(q.join() for q in self._queues.values())), drain
                 )
         for w in self._workers:
@@ -780,7 +781,7 @@ class DecisionService:
         if d.deadline is not None:
             left = _seconds_until(d.deadline)
             try:
-                return await asyncio.wait_for(asyncio.shield(live.future), max(0.0, left))
+                return await wait_for(asyncio.shield(live.future), max(0.0, left))
             except TimeoutError:
                 opt = option_for(d.options, "reject")
                 self.metrics.inc(DECISIONS_TIMED_OUT)
@@ -944,7 +945,7 @@ class DecisionService:
                 log.warning("session rule of decision %s not stored: %s", updated.id, e)
         if live is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(live.announced.wait(), 10.0)
+                await wait_for(live.announced.wait(), 10.0)
         # Recorded before the agent hears the answer: in the agent's history the answer comes
         # before what the agent does with it (its tool's result, its next ask).
         await self._emit(updated, resolved_event(updated))

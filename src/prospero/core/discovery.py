@@ -26,6 +26,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from prospero.core.aio import wait_for
 from prospero.core.errors import CalibandUnreachable
 from prospero.core.wire.control import UnixEndpoint
 
@@ -82,12 +83,12 @@ def effective_env(overlay: Mapping[str, str] | None) -> dict[str, str]:
 async def probe_unix(path: str, timeout: float = PROBE_TIMEOUT) -> bool:
     """True when something accepts connections on the Unix socket `path`."""
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
+        _, writer = await wait_for(asyncio.open_unix_connection(path), timeout)
     except (OSError, TimeoutError):
         return False
     writer.close()
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(writer.wait_closed(), 1.0)
+        await wait_for(writer.wait_closed(), 1.0)
     return True
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from prospero.core.aio import wait_for
 from prospero.core.errors import InvalidConfig, TransportError
 from prospero.core.wire.control import Endpoint, TcpEndpoint, UnixEndpoint
 
@@ -74,7 +75,7 @@ async def open_endpoint(
     sec = security or NetworkSecurity()
     try:
         if isinstance(endpoint, UnixEndpoint):
-            reader, writer = await asyncio.wait_for(
+            reader, writer = await wait_for(
                 asyncio.open_unix_connection(endpoint.path, limit=STREAM_LIMIT),
                 sec.connect_timeout,
             )
@@ -82,7 +83,7 @@ async def open_endpoint(
         assert isinstance(endpoint, TcpEndpoint)
         host, port = endpoint.host_port()
         ctx = sec.ssl_context()
-        reader, writer = await asyncio.wait_for(
+        reader, writer = await wait_for(
             asyncio.open_connection(
                 host,
                 port,
@@ -247,7 +248,7 @@ class LineReader:
 async def close_writer(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(writer.wait_closed(), 2.0)
+        await wait_for(writer.wait_closed(), 2.0)
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()
@@ -261,7 +262,7 @@ async def _drain_and_close(
     try:
         while (left := deadline - loop.time()) > 0:
             try:
-                chunk = await asyncio.wait_for(reader.read(65536), left)
+                chunk = await wait_for(reader.read(65536), left)
             except (TimeoutError, OSError):
                 break
             if not chunk:

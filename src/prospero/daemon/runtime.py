@@ -6,13 +6,13 @@ one wiring of the stack.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prospero.core.aio import wait_for
 from prospero.core.bus import InProcessBus
 from prospero.core.decisions import DecisionConfig, DecisionService
 from prospero.core.drivers.acp import acp_driver_factory
@@ -147,10 +147,10 @@ class Runtime:
             await self.manager.stop()
         if self.decisions is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.decisions.close(), 10.0)
+                await wait_for(self.decisions.close(), 10.0)
         if self.emitter is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.emitter.close(), 10.0)
+                await wait_for(self.emitter.close(), 10.0)
         if self.config_store is not None:
             await self.config_store.close()
         if self.store is not None:

@@ -74,6 +74,7 @@ from acp.connection import StreamDirection, StreamEvent
 from pydantic import ValidationError
 
 from prospero.core import metrics as m
+from prospero.core.aio import wait_for
 from prospero.core.drivers.base import (
     CursorStore,
     DriverExit,
@@ -584,7 +585,7 @@ class AcpDriver:
 
     async def _send_cancel(self, conn: acp.ClientSideConnection, sid: str, limit: float) -> None:
         try:
-            await asyncio.wait_for(conn.cancel(session_id=sid), limit)
+            await wait_for(conn.cancel(session_id=sid), limit)
         except (ConnectionError, OSError, TimeoutError) as e:
             log.info("agent %s: could not send session/cancel: %s", self.target.agent_id, e)
         else:
@@ -598,7 +599,7 @@ class AcpDriver:
         if self._closing:
             if self._running and asyncio.current_task() is not self._run_task:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._idle.wait(), 2 * self.close_timeout)
+                    await wait_for(self._idle.wait(), 2 * self.close_timeout)
             return
         self._closing = True
         self._close_event.set()
@@ -611,7 +612,7 @@ class AcpDriver:
                 # the SDK's (FIFO) sender before session/cancel, so they are written before
                 # the connection is cut (writing after the abort fails noisily in the SDK).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._permissions_idle.wait(), 1.0)
+                    await wait_for(self._permissions_idle.wait(), 1.0)
                 for _ in range(3):
                     await asyncio.sleep(0)
             if self._prompt_queued:
@@ -621,7 +622,7 @@ class AcpDriver:
         if self._running:
             if asyncio.current_task() is not self._run_task:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._idle.wait(), 2 * self.close_timeout)
+                    await wait_for(self._idle.wait(), 2 * self.close_timeout)
         else:
             self._cancel_timers()
             await self._save()
@@ -684,7 +685,7 @@ class AcpDriver:
             if self._closing:
                 writer.transport.abort()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), self.close_timeout)
+                await wait_for(conn.close(), self.close_timeout)
             await close_writer(writer)
             self._reader = self._writer = None
 
@@ -729,7 +730,7 @@ class AcpDriver:
         """Await an SDK request; None (logged, `_last_error` set) on failure."""
         agent = self.target.agent_id
         try:
-            return await asyncio.wait_for(coro, limit)
+            return await wait_for(coro, limit)
         except TimeoutError:
             self._last_error = f"{what}: no answer within {limit:g}s"
         except ConnectionError as e:
@@ -792,7 +793,7 @@ class AcpDriver:
             sid = self._session_id
             self._loading = True
             try:
-                loaded = await asyncio.wait_for(
+                loaded = await wait_for(
                     conn.load_session(cwd=self._cwd(), session_id=sid, mcp_servers=[]),
                     self.handshake_timeout,
                 )
@@ -1405,7 +1406,7 @@ class AcpDriver:
                 return
             self._progress.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), left)
+                await wait_for(self._progress.wait(), left)
 
     async def _drain_out(self) -> None:
         """Wait until every queued event has been handed to the sink (held tool starts are

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from prospero.core import metrics as m
+from prospero.core.aio import wait_for
 from prospero.core.metrics import Metrics
 from prospero.core.ratecard import RateCard
 from prospero.core.transport import NetworkSecurity
@@ -55,7 +56,7 @@ async def wait_before_retry(
     delay = backoff_delay(agent_id, failures - 1, options.backoff_base, options.backoff_cap)
     metrics.inc(m.ATTACH_RECONNECTS)
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(closed.wait(), delay)
+        await wait_for(closed.wait(), delay)
 
 
 class DriverExit(enum.Enum):

@@ -40,6 +40,7 @@ from typing import Any, Protocol, cast
 import orjson
 
 from prospero.core import metrics as m
+from prospero.core.aio import wait_for
 from prospero.core.drivers.base import (
     CursorStore,
     DriverExit,
@@ -204,7 +205,7 @@ class NdjsonDriver:
         if self._running:
             if asyncio.current_task() is not self._run_task:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._idle.wait(), 10.0)
+                    await wait_for(self._idle.wait(), 10.0)
         else:
             await self._save()
 
@@ -259,7 +260,7 @@ class NdjsonDriver:
             while not self._closing:
                 try:
                     if self._terminal:
-                        batch = await asyncio.wait_for(
+                        batch = await wait_for(
                             lines.read_lines(), self.terminal_eof_timeout
                         )
                     else:

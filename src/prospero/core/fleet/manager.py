@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from prospero.core import metrics as m
+from prospero.core.aio import wait_for
 from prospero.core.drivers.base import (
     AgentDriver,
     DriverExit,
@@ -448,7 +449,7 @@ class FleetManager:
         await slot.driver.close()
         if slot.task is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(slot.task), 5.0)
+                await wait_for(asyncio.shield(slot.task), 5.0)
         await self.ownership.release(agent_id)
 
     async def wait_driver(self, agent_id: str, timeout: float | None = None) -> DriverExit | None:
@@ -456,7 +457,7 @@ class FleetManager:
         slot = self._slots.get(agent_id)
         if slot is None or slot.task is None:
             return None
-        return await asyncio.wait_for(asyncio.shield(slot.task), timeout)
+        return await wait_for(asyncio.shield(slot.task), timeout)
 
     # ------------------------------------------------------------------ lookups
 
