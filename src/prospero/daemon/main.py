@@ -25,6 +25,7 @@ from typing import Any
 from prospero.api.app import create_app
 from prospero.api.server import ApiServer, is_loopback
 from prospero.api.settings import ApiSettings
+from prospero.core.drivers import acp_sdk_logs
 from prospero.daemon.config import ConfigError, load_config, validate
 from prospero.daemon.runtime import DaemonConfig, Runtime
 
@@ -64,6 +65,7 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    acp_sdk_logs.install(handler)
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

@@ -53,6 +53,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from prospero.core.discovery import socket_path_for
+from prospero.core.drivers import acp_sdk_logs
 from prospero.core.transport import MAX_LINE, describe
 from prospero.core.wire.control import (
     CTL_REQUEST_ADAPTER,
@@ -943,6 +944,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        acp_sdk_logs.install(handler)
     try:
         return asyncio.run(_amain(args))
     except KeyboardInterrupt:
