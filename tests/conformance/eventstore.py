@@ -175,6 +175,22 @@ class EventStoreConformance:
         assert await store.replay("nobody") == []
         assert all(e.agent_id == "b" for e in await store.replay("b"))
 
+    async def test_replay_filtered_by_kind(self, store: EventStore) -> None:
+        events = [ev("a", i + 1, k) for i, k in enumerate(ALL_KINDS)]
+        await store.append_batch([*events, ev("b", 1, TurnFinished(turn=0))])
+        wanted = {"turn_finished", "agent_finished"}
+        expected = [e for e in events if e.kind.kind in wanted]
+        assert len(expected) >= 2
+        assert await store.replay("a", kinds=wanted) == expected
+        assert await store.replay("a", kinds=wanted, limit=1) == expected[:1]
+        after = expected[0].seq + 1
+        assert await store.replay("a", from_seq=after, kinds=wanted) == expected[1:]
+        assert await store.replay("a", kinds=["output"]) == [
+            e for e in events if e.kind.kind == "output"
+        ]
+        assert await store.replay("a", kinds=[]) == []
+        assert await store.replay("a", kinds=["no_such_kind"]) == []
+
     async def test_stream_keys_for_repo_and_fleet_events(self, store: EventStore) -> None:
         repo_ev = FleetEvent(seq=1, ts=ts(DAY1), repo="ws", agent_id="", kind=AgentGone())
         fleet_ev = FleetEvent(seq=1, ts=ts(DAY1), repo="", agent_id="", kind=AgentGone())

@@ -18,7 +18,8 @@ are also registered as routes by `install_routes` (so the app lists `/`).
 
 `GET /api/dashboard/summary` (behind auth like any API call) gives what the fleet overview
 needs beyond `/api/fleet`: per-agent token/cost/turn totals folded from the agents' stored
-events (cached per agent with the last folded seq, so refreshes only read new events) and the
+turn and finish events (filtered by kind in the store, cached per agent with the stream's
+high-water mark, so refreshes only read new events) and the
 store's last ordinal, where the fleet SSE stream is resumed from.
 """
 
@@ -219,6 +220,10 @@ def _nadd(a: int | None, b: int | None) -> int | None:
     return (a or 0) + b
 
 
+# The only kinds `fold` reads.
+FOLDED_KINDS = frozenset({"turn_finished", "agent_finished"})
+
+
 def fold(totals: AgentTotals, events: list[FleetEvent]) -> None:
     for ev in events:
         totals.seq = max(totals.seq, ev.seq)
@@ -255,13 +260,19 @@ class TotalsCache:
                 del self.agents[gone]
             for agent_id in agent_ids:
                 totals = self.agents.setdefault(agent_id, AgentTotals())
+                # Everything up to `head` is stored now; only the folded kinds are read.
+                head = await store.high_water(agent_id)
+                if head <= totals.seq:
+                    continue
                 while True:
-                    batch = await store.replay(agent_id, totals.seq + 1, self.page)
-                    if not batch:
-                        break
-                    fold(totals, batch)
+                    batch = await store.replay(
+                        agent_id, totals.seq + 1, self.page, kinds=FOLDED_KINDS
+                    )
+                    if batch:
+                        fold(totals, batch)
                     if len(batch) < self.page:
                         break
+                totals.seq = max(totals.seq, head)
             return {a: self.agents[a].model_copy() for a in agent_ids}
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -51,9 +51,15 @@ class EventStore(Protocol):
         ...
 
     async def replay(
-        self, stream_key: str, from_seq: int = 0, limit: int | None = None
+        self,
+        stream_key: str,
+        from_seq: int = 0,
+        limit: int | None = None,
+        *,
+        kinds: Collection[str] | None = None,
     ) -> list[FleetEvent]:
-        """Events of one stream with seq >= from_seq, ascending."""
+        """Events of one stream with seq >= from_seq, ascending; with `kinds`, only events of
+        those kinds (`limit` then counts the matching events)."""
         ...
 
     async def replay_fleet(self, after_ordinal: int = 0, limit: int | None = None) -> list[StoredEvent]:

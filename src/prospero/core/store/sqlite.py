@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -587,13 +587,25 @@ class SqliteEventStore:
             raise _wrap(e, what) from e
 
     async def replay(
-        self, stream_key: str, from_seq: int = 0, limit: int | None = None
+        self,
+        stream_key: str,
+        from_seq: int = 0,
+        limit: int | None = None,
+        *,
+        kinds: Collection[str] | None = None,
     ) -> list[FleetEvent]:
+        tags = sorted(set(kinds)) if kinds is not None else None
+        if tags is not None and not tags:
+            return []
+
         def job(conn: sqlite3.Connection) -> list[FleetEvent]:
+            # kind_tag filters before any JSON is decoded: a totals fold over the few
+            # turn/finish events of a long run does not pay for its output chunks.
+            where = "" if tags is None else f" AND kind_tag IN ({','.join('?' * len(tags))})"
             rows = conn.execute(
-                f"SELECT {_SELECT_EVENT_COLS} FROM events WHERE stream_key = ? AND seq >= ? "
-                "ORDER BY seq LIMIT ?",
-                (stream_key, from_seq, -1 if limit is None else limit),
+                f"SELECT {_SELECT_EVENT_COLS} FROM events WHERE stream_key = ? AND seq >= ?"
+                f"{where} ORDER BY seq LIMIT ?",
+                (stream_key, from_seq, *(tags or ()), -1 if limit is None else limit),
             ).fetchall()
             return [ev for ev in map(_row_to_event, rows) if ev is not None]
 
