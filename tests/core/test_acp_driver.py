@@ -643,6 +643,35 @@ async def test_cost_is_a_per_turn_delta_of_the_cumulative_usd_cost(rig: Rig) -> 
     assert isinstance(end, AgentFinished) and end.cost_usd == pytest.approx(0.03)
 
 
+async def test_prompt_response_usage_through_the_sdk(rig: Rig) -> None:
+    """Tokens an agent reports on its prompt responses (unstable `PromptResponse.usage`,
+    serialized by the SDK's agent side) become per-turn usage and the run's sum; a turn
+    without them is null, not 0."""
+    script = S.AcpScript(
+        turns=[
+            [S.text("a"), S.stop("end_turn", input_tokens=120, output_tokens=30)],
+            [S.text("b")],
+            [S.stop("end_turn", input_tokens=200, output_tokens=5, cached_read_tokens=100)],
+        ]
+    )
+    peer = await rig.peer(script)
+    rec = Recorder()
+    driver = rig.driver(rig.target(peer, interactive=True), rec)
+    await driver.send_input("two")
+    await driver.send_input("three")
+    await driver.end_input()
+    assert await asyncio.wait_for(driver.run(), T) is DriverExit.finished
+    usages = [e.usage for e in rec.events if isinstance(e, TurnFinished)]
+    assert usages == [
+        Usage(input_tokens=120, output_tokens=30),
+        None,
+        Usage(input_tokens=200, output_tokens=5, cache_read_input_tokens=100),
+    ]
+    end = rec.events[-1]
+    assert isinstance(end, AgentFinished)
+    assert end.usage == Usage(input_tokens=320, output_tokens=35, cache_read_input_tokens=100)
+
+
 async def test_cost_in_another_currency_stays_null(rig: Rig) -> None:
     peer = await rig.peer(S.AcpScript(turns=[[S.usage(1, 10, cost=1.5, currency="EUR")]]))
     rec = Recorder()

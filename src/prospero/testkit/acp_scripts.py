@@ -42,8 +42,10 @@ Steps (snake_case in the script, camelCase on the wire):
   listener keep running, so a client may reconnect and `session/load`
 - `{"exit": code}` -> the agent exits with `code`: a listener stops listening, reports the
   code (FakeCaliband: 0 -> `done`, else `failed`) and drops every connection; no response
-- `{"stop": reason}` -> end the turn now with `stopReason: reason` (any string, so
-  `"bogus_reason"` tests unknown stop reasons); a turn without a `stop` step ends `end_turn`
+- `{"stop": reason, "prompt_usage"?: {"inputTokens", "outputTokens", "totalTokens", ...}}` -> end
+  the turn now with `stopReason: reason` (any string, so `"bogus_reason"` tests unknown stop
+  reasons) and, when given, the (unstable) `PromptResponse.usage` of the turn as is; a turn
+  without a `stop` step ends `end_turn`
 
 Steps after a `stop` are ignored. Unknown steps are skipped with a warning.
 
@@ -248,8 +250,22 @@ def exit_(code: int) -> Step:
     return {"exit": code}
 
 
-def stop(reason: str = "end_turn") -> Step:
-    return {"stop": reason}
+def stop(
+    reason: str = "end_turn",
+    *,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    cached_read_tokens: int | None = None,
+) -> Step:
+    """End the turn; with token counts, the prompt response reports them as its `usage`."""
+    step: Step = {"stop": reason}
+    if input_tokens is not None or output_tokens is not None:
+        i, o = input_tokens or 0, output_tokens or 0
+        usage: dict[str, Any] = {"inputTokens": i, "outputTokens": o, "totalTokens": i + o}
+        if cached_read_tokens is not None:
+            usage["cachedReadTokens"] = cached_read_tokens
+        step["prompt_usage"] = usage
+    return step
 
 
 def echo_turn(prompt_text: str) -> Turn:

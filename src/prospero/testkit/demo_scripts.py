@@ -724,7 +724,10 @@ class AcpSession:
 
     def finish(self, stop: str = "end_turn") -> list[dict[str, Any]]:
         self.usage()
-        self.steps.append(acp.stop(stop))
+        # the turn's tokens ride on the prompt response, as agents that report usage do
+        self.steps.append(
+            acp.stop(stop, input_tokens=self._used - self._out, output_tokens=self._out)
+        )
         return self.steps
 
 

@@ -109,6 +109,8 @@ class FakeSession:
     conn: _Conn | None = field(default=None, repr=False)
     turn_task: asyncio.Task[str] | None = field(default=None, repr=False)
     cancel_requested: bool = False
+    # the `prompt_usage` of the turn's `stop` step, sent with its prompt response
+    turn_usage: dict[str, Any] | None = None
 
     @property
     def running(self) -> bool:
@@ -358,6 +360,7 @@ class FakeAcpAgent:
             {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": text}}
         )
         s.cancel_requested = False
+        s.turn_usage = None
         steps = self.script.steps_for(index, text)
         turn = asyncio.create_task(self._play(conn, s, steps), name=f"fake-acp-turn-{index}")
         s.turn_task = turn
@@ -374,6 +377,8 @@ class FakeAcpAgent:
                 await asyncio.Event().wait()  # no response; ends when the connection does
             stop = turn.result()
         self.stop_reasons.append(stop)
+        if s.turn_usage is not None and stop != "cancelled":
+            return {"stopReason": stop, "usage": s.turn_usage}
         return {"stopReason": stop}
 
     def _cancel(self, session_id: str) -> None:
@@ -505,6 +510,8 @@ class FakeAcpAgent:
             self._request_exit(int(step["exit"]))
             raise _Hang()
         elif "stop" in step:
+            usage = step.get("prompt_usage")
+            s.turn_usage = dict(usage) if isinstance(usage, dict) else None
             return str(step["stop"])
         else:
             self._bad_step(step)
