@@ -72,6 +72,7 @@ from acp.schema import (
     ToolCallUpdate,
 )
 
+from prospero.core.aio import wait_for
 from prospero.core.transport import STREAM_LIMIT
 from prospero.core.wire.control import Endpoint, TcpEndpoint, UnixEndpoint
 from prospero.testkit.acp_scripts import (
@@ -240,10 +241,10 @@ class FakeAcpAgent:
                 if s is not None and s.conn is conn:
                     s.conn = None  # closing `asc` cancels its prompt handlers and their turns
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asc.close(), CLOSE_GRACE)
+                await wait_for(asc.close(), CLOSE_GRACE)
             with contextlib.suppress(Exception):
                 writer.close()
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
+                await wait_for(writer.wait_closed(), 1.0)
             self._conns.discard(conn)
             if task is not None:
                 self._conn_tasks.discard(task)
@@ -256,7 +257,7 @@ class FakeAcpAgent:
                 continue
             if c.asc is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(c.asc.close(), CLOSE_GRACE)
+                    await wait_for(c.asc.close(), CLOSE_GRACE)
             with contextlib.suppress(Exception):
                 c.writer.close()
         tasks = [t for t in self._conn_tasks if t is not asyncio.current_task()]
@@ -721,7 +722,7 @@ class AcpAgentListener:
         return ep
 
     async def wait_finished(self, timeout: float | None = None) -> int:
-        await asyncio.wait_for(self._finished.wait(), timeout)
+        await wait_for(self._finished.wait(), timeout)
         assert self.exit_code is not None
         return self.exit_code
 
@@ -732,7 +733,7 @@ class AcpAgentListener:
             return
         if self._exit_started:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._finished.wait(), CLOSE_GRACE + 2.0)
+                await wait_for(self._finished.wait(), CLOSE_GRACE + 2.0)
             if self._finished.is_set():
                 return
         self._exit_started = True
@@ -825,7 +826,7 @@ class AcpAgentListener:
         try:
             if token is not None:
                 try:
-                    ok = await asyncio.wait_for(
+                    ok = await wait_for(
                         read_bearer_preamble(reader, token), HANDSHAKE_BOUND
                     )
                 except (TimeoutError, OSError, ssl.SSLError, asyncio.IncompleteReadError):
@@ -946,7 +947,7 @@ class AcpAgentListener:
                 if writer.can_write_eof() and not writer.transport.is_closing():
                     writer.write_eof()
                 writer.close()
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
+                await wait_for(writer.wait_closed(), 1.0)
 
 
 def _exit_code(proc: asyncio.subprocess.Process) -> int:

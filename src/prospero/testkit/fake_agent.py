@@ -39,6 +39,7 @@ from typing import IO, Any
 import orjson
 from pydantic import ValidationError
 
+from prospero.core.aio import wait_for
 from prospero.core.transport import STREAM_LIMIT, OversizedLine, read_line
 from prospero.core.wire.control import ATTACH_INBOUND_ADAPTER, Endpoint, TcpEndpoint, UnixEndpoint
 from prospero.core.wire.turnevents import EXIT_CODE_BY_STOP, stop_label
@@ -269,7 +270,7 @@ class FakeAgentWorker:
             c.writer.transport.abort()
 
     async def wait_finished(self, timeout: float | None = None) -> int:
-        await asyncio.wait_for(self._finished.wait(), timeout)
+        await wait_for(self._finished.wait(), timeout)
         assert self.exit_code is not None
         return self.exit_code
 
@@ -282,7 +283,7 @@ class FakeAgentWorker:
             return
         if self._exit_started:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._finished.wait(), CLOSE_GRACE + 1.0)
+                await wait_for(self._finished.wait(), CLOSE_GRACE + 1.0)
             if self._finished.is_set():
                 return
         if self._play_task is not None and not self._play_task.done():
@@ -575,7 +576,7 @@ class FakeAgentWorker:
                 # TLS: close() sends close_notify and drains until the peer's close_notify.
             w.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(w.wait_closed(), 1.0)
+                await wait_for(w.wait_closed(), 1.0)
         except Exception:
             w.transport.abort()
         finally:

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from prospero.core.aio import wait_for
 from prospero.core.discovery import socket_path_for
 from prospero.core.drivers import acp_sdk_logs
 from prospero.core.transport import MAX_LINE, describe
@@ -430,7 +431,7 @@ class FakeCaliband:
         try:
             if self._token is not None:
                 try:
-                    ok = await asyncio.wait_for(
+                    ok = await wait_for(
                         read_bearer_preamble(reader, self._token), HANDSHAKE_BOUND
                     )
                 except (TimeoutError, OSError, asyncio.IncompleteReadError):
@@ -467,7 +468,7 @@ class FakeCaliband:
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
+                await wait_for(writer.wait_closed(), 1.0)
             self._conns.pop(task, None)
             if shutdown:
                 self._stop_accepting()
