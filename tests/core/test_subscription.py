@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,9 +215,22 @@ async def test_live_jump_is_filled_from_the_store(rig: Rig) -> None:
 
 
 async def test_unpersisted_events_are_still_followed(rig: Rig) -> None:
+    # Unpersisted events exist only on the bus: a follower tailing it gets them. (A follower
+    # whose history read comes after a later event was stored would skip them as already
+    # past, so this test starts the outage once the follower's history read is done.)
+    history_read = asyncio.Event()
+    replay = rig.store.replay
+
+    async def replay_then_signal(*args: Any, **kwargs: Any) -> list[FleetEvent]:
+        try:
+            return await replay(*args, **kwargs)
+        finally:
+            history_read.set()
+
+    rig.store.replay = replay_then_signal  # type: ignore[method-assign]
     f = follow_stream(rig.store, rig.bus, "a")
     task = asyncio.create_task(_collect(f))
-    await wait_until(lambda: rig.bus.subscriber_count() == 1)
+    await asyncio.wait_for(history_read.wait(), 10)
     original = rig.store.append_batch
 
     async def failing(events: object) -> list[int]:
