@@ -389,6 +389,8 @@ class _CrashingDriver:
 
     async def close(self) -> None: ...
 
+    def nudge(self) -> None: ...
+
     @property
     def finished(self) -> bool:
         return False

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from prospero.core import metrics as m
 from prospero.core.bus import InProcessBus
 from prospero.core.emitter import Emitter
 from prospero.core.errors import (
@@ -29,11 +31,17 @@ from tests.support import short_tmpdir, wait_until
 __all__ = ["fleet_env"]
 
 
+FAST = FleetConfig(poll_interval=0.1, backoff_base=0.02, backoff_cap=0.1, terminal_grace=0.2)
+
+
 class Stack:
-    def __init__(self, env: FleetEnv, db: Path, poll: bool = False) -> None:
+    def __init__(
+        self, env: FleetEnv, db: Path, poll: bool = False, config: FleetConfig = FAST
+    ) -> None:
         self.env = env
         self.db = db
         self.poll = poll
+        self.config = config
         self.metrics = Metrics()
 
     async def start(self) -> FleetManager:
@@ -50,7 +58,7 @@ class Stack:
             self.store,
             self.emitter,
             self.metrics,
-            FleetConfig(poll_interval=0.1, backoff_base=0.02, backoff_cap=0.1, terminal_grace=0.2),
+            self.config,
             driver_factories=default_driver_factories(),
         )
         await self.manager.start(poll=self.poll)
@@ -275,3 +283,27 @@ async def test_restart_resumes_exactly_from_the_stored_cursor(fleet_env: FleetEn
 
 async def _ge(a: object, b: int) -> bool:
     return (await a) >= b  # type: ignore[misc,operator]
+
+
+async def test_a_status_change_ends_a_reconnect_backoff(fleet_env: FleetEnv) -> None:
+    """A driver whose first dial found no worker waits out a long backoff; when the poll sees
+    the agent finish, the driver looks again at once and recovers the run from its
+    transcript, well before the backoff (15-30 s here) or the terminal grace would end."""
+    slow = FleetConfig(poll_interval=0.1, backoff_base=30.0, backoff_cap=60.0, terminal_grace=20.0)
+    s = Stack(fleet_env, Path(short_tmpdir()) / "events.db", poll=True, config=slow)
+    await s.start()
+    try:
+        await s.manager.add_workspace("app", str(fleet_env.root))
+        rec = await fleet_env.fake.add_agent(serve=False, status=AgentStatus.running)
+        await wait_until(
+            lambda: s.metrics.get(m.ATTACH_RECONNECTS) >= 1, 10, what="driver in its backoff"
+        )
+        # the worker ran and exited meanwhile, leaving its transcript
+        lines = [json.dumps(e) for e in scripts.default_script() if not scripts.is_directive(e)]
+        (Path(rec.session_dir) / "stdout.ndjson").write_text("\n".join(lines) + "\n")
+        fleet_env.fake.set_status(rec.id, AgentStatus.done)
+        await wait_until(lambda: finished(s, rec.id), 10, what="run recovered after the nudge")
+        assert s.metrics.get(m.TRANSCRIPT_RECOVERIES) == 1
+        assert s.metrics.get(m.ATTACH_RECONNECTS) == 1
+    finally:
+        await s.stop()

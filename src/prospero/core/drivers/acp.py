@@ -434,6 +434,7 @@ class AcpDriver:
         # lifecycle
         self._closing = False
         self._close_event = asyncio.Event()
+        self._retry_now = asyncio.Event()  # nudge(): end a reconnect backoff
         self._terminal = False
         self._loaded = cursor_store is None
         self._running = False
@@ -593,6 +594,10 @@ class AcpDriver:
                 "agent %s: session/cancel sent for turn %s", self.target.agent_id, self._in_flight
             )
 
+    def nudge(self) -> None:
+        """The agent's status changed: end a reconnect backoff now."""
+        self._retry_now.set()
+
     async def close(self) -> None:
         """Stop driving: a turn in flight is cancelled and recorded as lost; the session is
         left open for a later driver to rejoin. run() returns `closed`."""
@@ -656,7 +661,12 @@ class AcpDriver:
                 )
                 return DriverExit.gave_up
             await wait_before_retry(
-                self.target.agent_id, failures, self.options, self.metrics, self._close_event
+                self.target.agent_id,
+                failures,
+                self.options,
+                self.metrics,
+                self._close_event,
+                self._retry_now,
             )
             if self._closing:
                 return DriverExit.closed

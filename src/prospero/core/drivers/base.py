@@ -7,7 +7,6 @@ EventSink and accept the same steering calls; they differ only inside their own 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import hashlib
 from collections.abc import Awaitable, Callable
@@ -15,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from prospero.core import metrics as m
-from prospero.core.aio import wait_for
 from prospero.core.metrics import Metrics
 from prospero.core.ratecard import RateCard
 from prospero.core.transport import NetworkSecurity
@@ -50,13 +48,23 @@ async def wait_before_retry(
     options: DriverOptions,
     metrics: Metrics,
     closed: asyncio.Event,
+    wake: asyncio.Event | None = None,
 ) -> None:
     """The reconnect pause shared by every driver: jittered exponential backoff, cut short
-    when the driver is closed."""
+    when the driver is closed or `wake` is set (`nudge()`: the agent changed state, so the
+    endpoint or transcript is worth another look now). `wake` is cleared on the way out."""
     delay = backoff_delay(agent_id, failures - 1, options.backoff_base, options.backoff_cap)
     metrics.inc(m.ATTACH_RECONNECTS)
-    with contextlib.suppress(TimeoutError):
-        await wait_for(closed.wait(), delay)
+    waits = [asyncio.ensure_future(closed.wait())]
+    if wake is not None:
+        waits.append(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        if wake is not None:
+            wake.clear()
 
 
 class DriverExit(enum.Enum):
@@ -107,6 +115,11 @@ class AgentDriver(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    def nudge(self) -> None:
+        """The agent's status changed: a reconnect waiting out its backoff tries now (the
+        worker may be listening now, or gone with its transcript complete)."""
+        ...
 
     @property
     def finished(self) -> bool: ...

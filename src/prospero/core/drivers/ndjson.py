@@ -137,6 +137,7 @@ class NdjsonDriver:
         self._terminal = False
         self._closing = False
         self._close_event = asyncio.Event()
+        self._retry_now = asyncio.Event()  # nudge(): end a reconnect backoff
         self._loaded = cursor_store is None
         self._running = False
         self._run_task: asyncio.Task[Any] | None = None
@@ -196,6 +197,10 @@ class NdjsonDriver:
     async def cancel_turn(self) -> None:
         raise Unsupported("NDJSON agents cannot cancel a turn; kill instead")
 
+    def nudge(self) -> None:
+        """The agent's status changed: end a reconnect backoff now."""
+        self._retry_now.set()
+
     async def close(self) -> None:
         """Stop `run()` between lines (it returns `closed`) and persist the state."""
         self._closing = True
@@ -236,7 +241,12 @@ class NdjsonDriver:
                 )
                 return DriverExit.gave_up
             await wait_before_retry(
-                self.target.agent_id, failures, self.options, self.metrics, self._close_event
+                self.target.agent_id,
+                failures,
+                self.options,
+                self.metrics,
+                self._close_event,
+                self._retry_now,
             )
             if self._closing:
                 return DriverExit.closed

@@ -328,6 +328,11 @@ class FleetManager:
                 await self.emitter.emit(
                     ws.name, rec.id, StatusChanged.model_validate({"from": old_status, "to": rec.status})
                 )
+                if slot.driver is not None and slot.task is not None and not slot.task.done():
+                    # A driver waiting out a reconnect backoff looks again now: the worker may
+                    # be listening, or gone with its transcript complete (before the terminal
+                    # grace below closes the driver).
+                    slot.driver.nudge()
             if rec.status.terminal:
                 if slot.terminal_since is None:
                     slot.terminal_since = time.monotonic()
