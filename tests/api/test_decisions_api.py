@@ -531,8 +531,17 @@ async def test_pending_at_shutdown_is_cancelled_on_restart(
             await wait_until(cancelled, T, interval=0.05, what="cancelled on restart")
             r = await client.get(f"/api/decisions/{d['id']}")
             assert r.json()["decided_by"] == "restart"
-            events = (await client.get(f"/api/agents/{agent_id}/events")).json()
-            resolved = of_kind(events, "decision_resolved")
+            # the decision store answers first; its decision_resolved event is committed to
+            # the event store after that
+            resolved: list[dict[str, Any]] = []
+
+            async def resolved_recorded() -> bool:
+                nonlocal resolved
+                events = (await client.get(f"/api/agents/{agent_id}/events")).json()
+                resolved = of_kind(events, "decision_resolved")
+                return bool(resolved)
+
+            await wait_until(resolved_recorded, T, interval=0.05, what="decision_resolved stored")
             assert [(x["id"], x["by"]) for x in resolved] == [(d["id"], "restart")]
 
             # The turn in flight when prosperod stopped ended cancelled (its permission request
@@ -570,6 +579,13 @@ async def test_daemon_webhooks_get_pending_and_resolved(make_stack: StackFactory
         await wait_until(lambda: len(sink.bodies) == 2, T, what="resolved notification")
         assert sink.events() == [("decision_pending", "pending"), ("decision_resolved", "decided")]
         assert sink.attempts == 3  # the first try failed with a 500 and was retried
+
+        async def both_delivered() -> bool:
+            # the sink records a body before it answers; the notifier counts after the answer
+            m = (await stack.client.get("/api/metrics")).json()
+            return bool(m["decision_webhook_deliveries"] == 2)
+
+        await wait_until(both_delivered, T, what="deliveries counted")
         m = (await stack.client.get("/api/metrics")).json()
         assert m["decision_webhook_deliveries"] == 2 and m["decision_webhook_retries"] == 1
     finally:

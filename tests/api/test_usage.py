@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from prospero.api.routes_fleet import build_report, usage_window
 from prospero.core.ratecard import Rate, RateCard
 from prospero.core.store.base import UsageDay
 from prospero.testkit.scripts import DEFAULT_MODEL
 from tests.api.conftest import StackFactory, envelope
+from tests.support import wait_until
 
 
 async def test_usage_after_finished_runs(make_stack: StackFactory) -> None:
@@ -24,10 +26,24 @@ async def test_usage_after_finished_runs(make_stack: StackFactory) -> None:
     await stack.wait_status(b, "running")
     assert (await stack.client.post(f"/api/agents/{b}/kill")).status_code == 202
     await stack.wait_status(b, "killed")
+    # The record's status is set before its status_changed event is committed, and outcomes
+    # count committed events: wait for the aggregates themselves.
+    report: dict[str, Any] = {}
 
-    r = await stack.client.get("/api/usage")
-    assert r.status_code == 200
-    report = r.json()
+    async def outcomes_counted() -> bool:
+        nonlocal report
+        r = await stack.client.get("/api/usage")
+        assert r.status_code == 200
+        report = r.json()
+        groups = report["groups"]
+        return bool(groups) and groups[0]["outcomes"] == {
+            "done": 1,
+            "failed": 0,
+            "killed": 1,
+            "crashed": 0,
+        }
+
+    await wait_until(outcomes_counted, 20, what="both outcomes in /api/usage")
     assert [g["workspace"] for g in report["groups"]] == ["ws"]
     g = report["groups"][0]
     # tool_run_script: RunEnd total usage 1713 in / 76 out, 2 turns; the killed run has no

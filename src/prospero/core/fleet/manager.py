@@ -78,6 +78,10 @@ log = logging.getLogger(__name__)
 class EmitterLike(Protocol):
     async def emit(self, repo: str, agent_id: str, kind: EventKind) -> FleetEvent: ...
 
+    async def flush(self) -> None:
+        """Wait until everything emitted so far is committed (or given up on)."""
+        ...
+
 
 class CursorStoreLike(Protocol):
     async def save_cursor(self, key: str, data: bytes) -> None: ...
@@ -676,6 +680,9 @@ class FleetManager:
         self._listed.get(ws.name, {}).pop(agent_id, None)
         await self.emitter.emit(ws.name, agent_id, AgentGone())
         await self._close_driver(agent_id)
+        # The registry has forgotten the agent: from now on only its stored history answers
+        # for it, so that history is committed before the caller hears "removed".
+        await self.emitter.flush()
 
     def _steerable(self, op: str, agent_id: str) -> tuple[RegisteredWorkspace, _AgentSlot]:
         ws, slot = self._slot(agent_id)
