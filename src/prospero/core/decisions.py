@@ -806,10 +806,7 @@ class DecisionService:
         if request.flush is None:
             return
         try:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation that
-            # lands as the flush completes, and the cancelled ask would then wait forever.
-            async with asyncio.timeout(5.0):
-                await request.flush()
+            await wait_for(request.flush(), 5.0)  # core.aio's: keeps a cancel (ADR 0007)
         except (TimeoutError, Exception) as e:  # ordering is best effort; never fail the ask
             log.debug(
                 "agent %s: event flush before a decision event failed: %r", request.agent_id, e
