@@ -9,6 +9,11 @@ from typing import Any
 
 import httpx
 
+from prospero.api.settings import ApiSettings
+from prospero.api.sse import HEARTBEAT, StreamHub, fleet_encoder_for
+from prospero.core.metrics import Metrics
+from prospero.core.store.base import StoredEvent
+from prospero.types.events import FleetEvent, Output
 from tests.api.conftest import SseMessage, SseReader, Stack, StackFactory, envelope, sse_headers
 from tests.support import wait_until
 
@@ -321,12 +326,6 @@ async def test_fleet_stream_kind_filter(stack: Stack) -> None:
 async def test_filtered_busy_stream_still_heartbeats() -> None:
     """Items that the filter drops are not traffic: a stream whose every item is filtered out
     must still send heartbeats, although its queue is never empty long enough to time out."""
-    from prospero.api.settings import ApiSettings
-    from prospero.api.sse import HEARTBEAT, StreamHub, fleet_encoder_for
-    from prospero.core.metrics import Metrics
-    from prospero.core.store.base import StoredEvent
-    from prospero.types.events import FleetEvent, Output
-
     heartbeats = 0
 
     async def busy_output() -> Any:

@@ -239,9 +239,11 @@ EventKind = Annotated[
 
 EVENT_KIND_ADAPTER: TypeAdapter[EventKind] = TypeAdapter(EventKind)
 
-# Every kind name this build knows, e.g. for validating a client's kind filter.
+# Every kind model and kind name of the EventKind union (trusted construction checks the
+# former; a client's kind filter is validated against the latter).
+EVENT_KIND_TYPES: frozenset[type[BaseModel]] = frozenset(get_args(get_args(EventKind)[0]))
 EVENT_KIND_NAMES: frozenset[str] = frozenset(
-    m.model_fields["kind"].default for m in get_args(get_args(EventKind)[0])
+    m.model_fields["kind"].default for m in EVENT_KIND_TYPES
 )
 
 TERMINAL_EVENT_KINDS = frozenset({"agent_finished"})
@@ -455,29 +457,6 @@ class EventRun:
 
     def renumbered(self, first_seq: int) -> EventRun:
         return EventRun(self.repo, self.agent_id, self.ts, first_seq, self.kinds)
-
-
-# The concrete EventKind classes (exact types accepted by `FleetEvent.trusted`).
-EVENT_KIND_TYPES: frozenset[type[BaseModel]] = frozenset(
-    {
-        AgentSpawned,
-        AgentDiscovered,
-        AgentInit,
-        StatusChanged,
-        Output,
-        ToolStarted,
-        ToolFinished,
-        TurnFinished,
-        AgentFinished,
-        AgentGone,
-        StorePersistFailed,
-        RepoHealth,
-        StreamGap,
-        TurnLost,
-        DecisionPending,
-        DecisionResolved,
-    }
-)
 
 
 def kind_to_json(kind: EventKind) -> dict[str, Any]:
