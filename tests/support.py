@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("PROSPERO_FIXTURES", REPO.parent / "shared" / "fixtures" / "caliband"))
+# Recorded caliband frames (copied from the spec's fixtures; the tests never read outside the repo).
+FIXTURES = Path(os.environ.get("PROSPERO_FIXTURES", REPO / "tests" / "fixtures" / "caliband"))
 
 
 def fixture_lines(name: str) -> list[str]:
