@@ -1,5 +1,6 @@
-"""`/api/dashboard/summary`: per-agent totals folded from stored turn and finish events, kept
-incrementally (a later call reads only what was stored since)."""
+"""`/api/dashboard/summary`: per-agent totals folded per turn from stored turn events (the
+finish event gives the outcome), kept incrementally (a later call reads only what was stored
+since); a running agent's and a killed agent's finished turns count."""
 
 from __future__ import annotations
 
@@ -26,12 +27,10 @@ def expected_totals(history: list[dict[str, Any]], upto: int) -> dict[str, Any]:
         "input_tokens": total("input_tokens"),
         "output_tokens": total("output_tokens"),
     }
-    if fin is not None:
-        out["turns"] = max(out["turns"], fin["turns"])
-        out["outcome"] = fin["outcome"] or None
-        if fin.get("usage") is not None:
-            out["input_tokens"] = fin["usage"]["input_tokens"]
-            out["output_tokens"] = fin["usage"]["output_tokens"]
+    costs = [t["cost_usd"] for t in turns if t.get("cost_usd") is not None]
+    out["cost_usd"] = round(sum(costs), 10) if costs else None
+    # Per turn only: the finish event gives the outcome, never totals of its own.
+    out["outcome"] = (fin["outcome"] or None) if fin is not None else None
     return out
 
 
@@ -78,3 +77,23 @@ async def test_totals_match_history_and_refresh_incrementally(stack: Stack) -> N
     want = expected_totals(await stack.history(inter), got["seq"])
     assert {k: got[k] for k in want} == want
     assert got["seq"] > first["seq"] and got["turns"] >= 2 and history
+
+
+async def test_a_killed_agents_finished_turns_stay_counted(stack: Stack) -> None:
+    slow = await stack.spawn("slow")  # one finished turn (10 in, 1 out), then a long pause
+    got: dict[str, Any] = {}
+
+    async def turn_counted() -> bool:
+        nonlocal got
+        got = (await summary(stack))["agents"].get(slow) or {}
+        return bool(got.get("turns") == 1)
+
+    await wait_until(turn_counted, 20, what="the running agent's turn in the summary")
+    assert (got["input_tokens"], got["output_tokens"], got["outcome"]) == (10, 1, None)
+    assert (await stack.client.post(f"/api/agents/{slow}/kill")).status_code == 202
+    history = await stack.wait_finished(slow)
+    got = (await summary(stack))["agents"][slow]
+    want = expected_totals(history, got["seq"])
+    assert {k: got[k] for k in want} == want
+    assert (got["turns"], got["input_tokens"], got["output_tokens"]) == (1, 10, 1)
+    assert got["outcome"] == "killed"

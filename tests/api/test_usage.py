@@ -46,14 +46,14 @@ async def test_usage_after_finished_runs(make_stack: StackFactory) -> None:
     await wait_until(outcomes_counted, 20, what="both outcomes in /api/usage")
     assert [g["workspace"] for g in report["groups"]] == ["ws"]
     g = report["groups"][0]
-    # tool_run_script: RunEnd total usage 1713 in / 76 out, 2 turns; the killed run has no
-    # agent_finished, so it counts an outcome but no run/tokens.
-    assert g["runs"] == 1 and g["turns"] == 2
-    assert g["input_tokens"] == 1713 and g["output_tokens"] == 76
+    # Per turn: tool_run_script's two turns (812 + 901 in, 64 + 12 out) and the killed run's
+    # one finished turn (10 in, 1 out); each run, killed or done, counts once with its outcome.
+    assert g["runs"] == 2 and g["turns"] == 3
+    assert g["input_tokens"] == 1713 + 10 and g["output_tokens"] == 76 + 1
     assert g["cost_usd"] is None  # "fake-model" has no rate: not priced, never a fake 0
     assert g["outcomes"] == {"done": 1, "failed": 0, "killed": 1, "crashed": 0}
     assert [b["day"] for b in g["series"]] == [today]
-    assert g["series"][0]["runs"] == 1 and g["series"][0]["outcomes"]["killed"] == 1
+    assert g["series"][0]["runs"] == 2 and g["series"][0]["outcomes"]["killed"] == 1
     # window echo: RFC 3339 with +00:00
     since = datetime.fromisoformat(report["since"])
     until = datetime.fromisoformat(report["until"])
@@ -79,7 +79,7 @@ async def test_usage_after_finished_runs(make_stack: StackFactory) -> None:
     )
     body = r.json()
     assert body["since"] == midnight.isoformat(timespec="microseconds")
-    assert body["groups"][0]["runs"] == 1
+    assert body["groups"][0]["runs"] == 2
     # since after until: empty, not an error
     r = await stack.client.get(
         "/api/usage", params={"since": (midnight + timedelta(days=2)).isoformat(), "until": start}
@@ -88,6 +88,61 @@ async def test_usage_after_finished_runs(make_stack: StackFactory) -> None:
     envelope(
         await stack.client.get("/api/usage", params={"until": "2026-13-01"}), 422, "invalid_request"
     )
+
+
+async def test_usage_counts_turns_as_they_finish_whatever_the_state(
+    make_stack: StackFactory,
+) -> None:
+    """A running agent's finished turns count at once; a killed agent's finished turns stay
+    counted; a run and its outcome count once, when it ends (a kill after the end changes
+    nothing)."""
+    stack = await make_stack()
+
+    async def group() -> dict[str, Any]:
+        r = await stack.client.get("/api/usage")
+        assert r.status_code == 200, r.text
+        groups = r.json()["groups"]
+        return dict(groups[0]) if groups else {}
+
+    async def reaches(**want: Any) -> dict[str, Any]:
+        got: dict[str, Any] = {}
+
+        async def ok() -> bool:
+            nonlocal got
+            got = await group()
+            return bool(got) and all(got.get(k) == v for k, v in want.items())
+
+        await wait_until(ok, 20, what=f"/api/usage reaching {want}")
+        return got
+
+    inter = await stack.spawn("interactive", interactive=True)
+    await stack.wait_status(inter, "idle")  # running, waiting for input: no agent_finished
+    g = await reaches(turns=1)
+    assert (g["runs"], g["input_tokens"], g["output_tokens"]) == (0, 10, 5)
+    assert g["outcomes"] == {"done": 0, "failed": 0, "killed": 0, "crashed": 0}
+
+    slow = await stack.spawn("slow")  # one finished turn (10 in, 1 out), then a long pause
+    g = await reaches(turns=2)
+    assert (g["runs"], g["input_tokens"], g["output_tokens"]) == (0, 20, 6)
+    assert (await stack.client.post(f"/api/agents/{slow}/kill")).status_code == 202
+    await stack.wait_status(slow, "killed")
+    g = await reaches(runs=1)
+    assert g["turns"] == 2 and (g["input_tokens"], g["output_tokens"]) == (20, 6)
+    assert g["outcomes"] == {"done": 0, "failed": 0, "killed": 1, "crashed": 0}
+
+    r = await stack.client.post(f"/api/agents/{inter}/end-input")
+    assert r.status_code == 202, r.text
+    await stack.wait_finished(inter)
+    g = await reaches(runs=2)
+    assert g["turns"] == 2 and (g["input_tokens"], g["output_tokens"]) == (20, 6)
+    assert g["outcomes"] == {"done": 1, "failed": 0, "killed": 1, "crashed": 0}
+    # Killing an agent that already finished does not count another outcome.
+    await stack.wait_status(inter, "done")
+    r = await stack.client.post(f"/api/agents/{inter}/kill")
+    assert r.status_code == 409, r.text  # and nothing is emitted (history unchanged)
+    g = await group()
+    assert g["runs"] == 2
+    assert g["outcomes"] == {"done": 1, "failed": 0, "killed": 1, "crashed": 0}
 
 
 async def test_usage_cost_with_a_rate_card(make_stack: StackFactory) -> None:

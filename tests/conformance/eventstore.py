@@ -9,13 +9,20 @@ callable that opens and returns a new handle on the *same* backing database, fre
 Semantics pinned here beyond base.py's docstrings:
 - ordinals are strictly increasing and never reused, even after prune removed the newest rows;
 - `high_water` never goes backwards: pruning a whole stream does not make its seqs reusable;
-- usage aggregates survive prune (retention deletes raw events only).
+- usage aggregates survive prune (retention deletes raw events only);
+- usage is per turn: tokens, cost and turns from each `turn_finished`, one run and its outcome
+  from each `agent_finished` (never its totals);
+- `append_batch(cursors=)` writes the cursors in the same transaction as the events, or not;
+- a poison event (one that cannot be serialised) is stored in its reduced form, its batch
+  intact, and replaced by it in the caller's list.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import orjson
 import pytest
 
 from prospero.core.errors import SeqConflict
@@ -85,8 +92,13 @@ def finished(
     cost: float | None = None,
     usage: Usage | None = None,
     outcome: str = "EndOfTurn",
+    detail: str | None = None,
 ) -> AgentFinished:
-    return AgentFinished(outcome=outcome, turns=turns, cost_usd=cost, usage=usage)
+    return AgentFinished(outcome=outcome, turns=turns, cost_usd=cost, usage=usage, detail=detail)
+
+
+def turn(cost: float | None = None, usage: Usage | None = None, n: int = 0) -> TurnFinished:
+    return TurnFinished(turn=n, stop_reason="EndOfTurn", usage=usage, cost_usd=cost)
 
 
 ALL_KINDS: list[EventKind] = [
@@ -307,68 +319,117 @@ class EventStoreConformance:
         assert o2[0] > o1[-1]
 
     async def test_prune_leaves_usage_aggregates(self, store: EventStore) -> None:
-        await store.append_batch([ev("a", 1, finished(turns=2, cost=0.5))])
-        assert await store.prune(ts(DAY3)) == 1
+        await store.append_batch([ev("a", 1, turn(cost=0.5)), ev("a", 2, turn())])
+        assert await store.prune(ts(DAY3)) == 2
         [row] = await store.usage(DAY1, DAY1)
         assert row.turns == 2 and row.cost_usd == 0.5
 
     # -- usage ---------------------------------------------------------------------------
+    # Tokens, cost and turns come from each turn_finished, as the turn ends (whatever the
+    # agent's state); agent_finished counts one run and its outcome, never its own totals.
 
     async def test_usage_not_reported_stays_null(self, store: EventStore) -> None:
-        await store.append_batch([ev("a", 1, finished(turns=2))])
-        await store.append_batch([ev("b", 1, finished(turns=1))])
+        await store.append_batch([ev("a", 1, turn()), ev("a", 2, turn())])
+        await store.append_batch([ev("b", 1, turn()), ev("b", 2, finished(turns=1))])
         assert await store.usage(DAY1, DAY1) == [
-            UsageDay(workspace="ws", day=DAY1, turns=3, runs=2)
+            UsageDay(
+                workspace="ws",
+                day=DAY1,
+                turns=3,
+                runs=1,
+                outcomes={"done": 1, "failed": 0, "killed": 0, "crashed": 0},
+            )
         ]
 
     async def test_usage_sums_reported_values(self, store: EventStore) -> None:
         u1 = Usage(input_tokens=100, output_tokens=10)
         u2 = Usage(input_tokens=50, output_tokens=5)
-        # Within one batch and across batches; an unreported run does not zero the sums.
+        # Within one batch and across batches; an unreported turn does not zero the sums.
         await store.append_batch(
-            [ev("a", 1, finished(turns=1)), ev("b", 1, finished(turns=2, cost=0.5, usage=u1))]
+            [ev("a", 1, turn()), ev("b", 1, turn(cost=0.5, usage=u1)), ev("b", 2, turn())]
         )
-        await store.append_batch([ev("c", 1, finished(turns=3, cost=0.25, usage=u2))])
-        await store.append_batch([ev("d", 1, finished(turns=0, cost=0.0))])
+        await store.append_batch([ev("c", 1, turn(cost=0.25, usage=u2))])
+        await store.append_batch([ev("d", 1, turn(cost=0.0))])
         [row] = await store.usage(DAY1, DAY1)
         assert row.input_tokens == 150
         assert row.output_tokens == 15
         assert row.cost_usd == pytest.approx(0.75)
-        assert row.turns == 6
-        assert row.runs == 4
+        assert row.turns == 5
+        assert row.runs == 0
         assert row.outcomes == {"done": 0, "failed": 0, "killed": 0, "crashed": 0}
+
+    async def test_usage_agent_finished_counts_the_run_not_its_totals(
+        self, store: EventStore
+    ) -> None:
+        u = Usage(input_tokens=10, output_tokens=1)
+        await store.append_batch(
+            [
+                ev("a", 1, turn(cost=0.5, usage=u)),
+                ev("a", 2, turn(cost=0.25, usage=u)),
+                # The run's own totals repeat its turns': not counted again.
+                ev("a", 3, finished(turns=2, cost=0.75, usage=u.plus(u))),
+            ]
+        )
+        [row] = await store.usage(DAY1, DAY1)
+        assert (row.turns, row.runs, row.cost_usd) == (2, 1, 0.75)
+        assert (row.input_tokens, row.output_tokens) == (20, 2)
+        assert row.outcomes["done"] == 1
+
+    async def test_usage_counts_turns_of_running_and_killed_agents(self, store: EventStore) -> None:
+        u = Usage(input_tokens=7, output_tokens=3)
+        await store.append_batch(
+            [  # still running: no agent_finished yet
+                ev("running", 1, status(AgentStatus.running, AgentStatus.spawning)),
+                ev("running", 2, turn(cost=0.1, usage=u)),
+                ev("running", 3, turn(cost=0.1, usage=u)),
+                # killed mid-run: its finished turns count, the kill is its outcome
+                ev("killed", 1, turn(cost=0.2, usage=u)),
+                ev("killed", 2, finished(turns=0, outcome="killed")),
+                ev("killed", 3, status(AgentStatus.killed)),
+            ]
+        )
+        [row] = await store.usage(DAY1, DAY1)
+        assert row.turns == 3
+        assert row.cost_usd == pytest.approx(0.4)
+        assert (row.input_tokens, row.output_tokens) == (21, 9)
+        assert row.runs == 1
+        assert row.outcomes == {"done": 0, "failed": 0, "killed": 1, "crashed": 0}
 
     async def test_usage_reported_zero_is_not_null(self, store: EventStore) -> None:
         await store.append_batch(
-            [ev("a", 1, finished(cost=0.0, usage=Usage(input_tokens=0, output_tokens=0)))]
+            [ev("a", 1, turn(cost=0.0, usage=Usage(input_tokens=0, output_tokens=0)))]
         )
         [row] = await store.usage(DAY1, DAY1)
         assert row.cost_usd == 0.0 and row.input_tokens == 0 and row.output_tokens == 0
 
-    async def test_usage_outcomes_only_from_terminal_status(self, store: EventStore) -> None:
+    async def test_usage_outcomes_once_per_run_from_agent_finished(self, store: EventStore) -> None:
         await store.append_batch(
             [
                 ev("a", 1, status(AgentStatus.running, AgentStatus.spawning)),
                 ev("a", 2, status(AgentStatus.idle)),
-                ev("a", 3, finished(outcome="done")),  # agent_finished.outcome never counts
+                ev("a", 3, finished(outcome="EndOfTurn")),
                 ev("a", 4, status(AgentStatus.done)),
-                ev("b", 1, status(AgentStatus.failed)),
-                ev("c", 1, status(AgentStatus.killed, AgentStatus.idle)),
-                ev("d", 1, status(AgentStatus.crashed)),
-                ev("e", 1, status(AgentStatus.done)),
+                ev("a", 5, status(AgentStatus.killed, AgentStatus.done)),  # never counts
+                ev("b", 1, finished(outcome="MaxTurnsReached")),
+                ev("b", 2, status(AgentStatus.failed)),
+                ev("c", 1, finished(outcome="killed")),
+                ev("d", 1, finished(outcome="crashed", detail="worker died")),
+                ev("e", 1, finished(outcome="ProviderError", detail="overloaded")),
+                ev("f", 1, status(AgentStatus.done)),  # a status alone is no run
             ]
         )
         [row] = await store.usage(DAY1, DAY1)
-        assert row.outcomes == {"done": 2, "failed": 1, "killed": 1, "crashed": 1}
-        assert row.runs == 1 and row.turns == 1
+        assert row.outcomes == {"done": 1, "failed": 2, "killed": 1, "crashed": 1}
+        assert row.runs == 5 and row.turns == 0
         assert row.cost_usd is None and row.input_tokens is None
 
     async def test_usage_outcome_without_cost_is_a_row(self, store: EventStore) -> None:
-        await store.append_batch([ev("a", 1, status(AgentStatus.killed))])
+        await store.append_batch([ev("a", 1, finished(turns=0, outcome="killed"))])
         assert await store.usage(DAY1, DAY1) == [
             UsageDay(
                 workspace="ws",
                 day=DAY1,
+                runs=1,
                 outcomes={"done": 0, "failed": 0, "killed": 1, "crashed": 0},
             )
         ]
@@ -376,14 +437,11 @@ class EventStoreConformance:
     async def test_usage_groups_per_workspace_per_utc_day(self, store: EventStore) -> None:
         await store.append_batch(
             [
-                ev(
-                    "a", 1, finished(turns=1, cost=1.0), repo="zeta", at=ts(DAY1, "23:59:59.999999")
-                ),
-                ev(
-                    "a", 2, finished(turns=2, cost=2.0), repo="zeta", at=ts(DAY2, "00:00:00.000000")
-                ),
-                ev("b", 1, finished(turns=4), repo="alpha", at=ts(DAY2)),
-                ev("b", 2, status(AgentStatus.done), repo="alpha", at=ts(DAY3)),
+                ev("a", 1, turn(cost=1.0), repo="zeta", at=ts(DAY1, "23:59:59.999999")),
+                ev("a", 2, turn(cost=2.0), repo="zeta", at=ts(DAY2, "00:00:00.000000")),
+                ev("a", 3, turn(), repo="zeta", at=ts(DAY2, "00:00:00.000000")),
+                ev("b", 1, turn(), repo="alpha", at=ts(DAY2)),
+                ev("b", 2, finished(), repo="alpha", at=ts(DAY3)),
                 ev("c", 1, Output(chunk="only output"), repo="quiet", at=ts(DAY2)),
                 ev("c", 2, ToolStarted(id="x"), repo="quiet", at=ts(DAY2)),
             ]
@@ -398,15 +456,16 @@ class EventStoreConformance:
         by = {(r.workspace, r.day): r for r in rows}
         assert by["zeta", DAY1].cost_usd == 1.0 and by["zeta", DAY1].turns == 1
         assert by["zeta", DAY2].cost_usd == 2.0 and by["zeta", DAY2].turns == 2
-        assert by["alpha", DAY2].cost_usd is None and by["alpha", DAY2].turns == 4
-        assert by["alpha", DAY3].outcomes["done"] == 1 and by["alpha", DAY3].runs == 0
+        assert by["alpha", DAY2].cost_usd is None and by["alpha", DAY2].turns == 1
+        assert by["alpha", DAY3].outcomes["done"] == 1 and by["alpha", DAY3].runs == 1
+        assert by["alpha", DAY3].turns == 0
 
     async def test_usage_window_is_inclusive_days(self, store: EventStore) -> None:
         await store.append_batch(
             [
-                ev("a", 1, finished(turns=1), at=ts(DAY1)),
-                ev("a", 2, finished(turns=1), at=ts(DAY2)),
-                ev("a", 3, finished(turns=1), at=ts(DAY3)),
+                ev("a", 1, turn(), at=ts(DAY1)),
+                ev("a", 2, turn(), at=ts(DAY2)),
+                ev("a", 3, turn(), at=ts(DAY3)),
             ]
         )
         assert [r.day for r in await store.usage(DAY2, DAY2)] == [DAY2]
@@ -426,6 +485,83 @@ class EventStoreConformance:
         assert await store.load_cursor("b") == b"\x00\xff binary"
         await store.save_cursor("c", b"")
         assert await store.load_cursor("c") == b""
+
+    async def test_cursors_commit_with_their_events(self, store_factory: StoreFactory) -> None:
+        s1 = await store_factory()
+        await s1.append_batch([ev("a", 1), ev("b", 1)], cursors={"a": b"after a1", "b": b"b1"})
+        assert await s1.load_cursor("a") == b"after a1"
+        await s1.append_batch([ev("a", 2)], cursors={"a": b"after a2"})
+        await s1.close()
+        s2 = await store_factory()
+        assert [e.seq for e in await s2.replay("a")] == [1, 2]
+        assert await s2.load_cursor("a") == b"after a2"
+        assert await s2.load_cursor("b") == b"b1"
+
+    async def test_cursor_of_a_failed_append_is_not_written(self, store: EventStore) -> None:
+        await store.append_batch([ev("a", 1)], cursors={"a": b"after a1"})
+        with pytest.raises(SeqConflict):
+            await store.append_batch([ev("a", 2), ev("a", 1)], cursors={"a": b"after a2"})
+        assert await store.load_cursor("a") == b"after a1"
+        assert [e.seq for e in await store.replay("a")] == [1]
+
+    async def test_cursors_without_events(self, store: EventStore) -> None:
+        assert await store.append_batch([], cursors={"a": b"\x00moved"}) == []
+        assert await store.load_cursor("a") == b"\x00moved"
+        assert await store.last_ordinal() == 0
+        await store.append_batch([], cursors={"a": b""})
+        assert await store.load_cursor("a") == b""
+
+    # -- poison events ---------------------------------------------------------------------
+
+    async def test_poison_events_are_stored_reduced_without_failing_neighbours(
+        self, store: EventStore
+    ) -> None:
+        deep: dict[str, Any] = {}
+        cur = deep
+        for _ in range(500):
+            cur["a"] = {}
+            cur = cur["a"]
+        batch = [
+            ev("a", 1, Output(chunk="before")),
+            ev("a", 2, ToolStarted(id="t", name="Write", input=deep)),
+            ev("a", 3, Output(chunk="lone \ud800 surrogate")),
+            ev("a", 4, ToolStarted(id="u", input={"n": 2**70, "s": "x\udfff"})),
+            ev("a", 5, Output(chunk="after")),
+            ev("a", 6, turn(cost=0.5)),
+        ]
+        ordinals = await store.append_batch(batch)
+        assert len(ordinals) == 6
+        back = await store.replay("a")
+        assert [e.seq for e in back] == [1, 2, 3, 4, 5, 6]
+        assert back[0] == batch[0] and back[4] == batch[4] and back[5] == batch[5]
+        tool = back[1].kind
+        assert isinstance(tool, ToolStarted) and (tool.id, tool.name) == ("t", "Write")
+        assert tool.input["_reduced"] is True
+        depth, value = 0, tool.input["value"]
+        while isinstance(value, dict):
+            depth, value = depth + 1, value["a"]
+        assert isinstance(value, str) and value.startswith("_reduced")
+        assert 1 <= depth <= 100
+        text = back[2].kind
+        assert isinstance(text, Output) and text.chunk == "lone \\ud800 surrogate"
+        odd = back[3].kind
+        assert isinstance(odd, ToolStarted)
+        assert odd.input == {"_reduced": True, "value": {"n": str(2**70), "s": "x\\udfff"}}
+        # What was stored is what the caller got back to publish.
+        assert batch == back
+        for e in back:  # every surface can write them
+            orjson.dumps(e.to_json())
+            e.model_dump_json()
+        [row] = await store.usage(DAY1, DAY1)
+        assert row.turns == 1 and row.cost_usd == 0.5
+
+    async def test_every_kind_survives_reduction_unchanged(self, store: EventStore) -> None:
+        # Reduction only ever touches what cannot be serialised.
+        events = [ev("a", i + 1, k) for i, k in enumerate(ALL_KINDS)]
+        copy = list(events)
+        await store.append_batch(copy)
+        assert copy == events
+        assert await store.replay("a") == events
 
     async def test_writable_and_probe_leaves_no_trace(self, store: EventStore) -> None:
         assert await store.writable() is True

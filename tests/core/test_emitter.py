@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
+import orjson
 import pytest
 
+from prospero.api.sse import encode_agent_item
 from prospero.core.bus import BusItem, InProcessBus
 from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
+from prospero.core.fleet.manager import _AgentSink
 from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, Metrics
 from prospero.core.store.sqlite import SqliteEventStore
-from prospero.types.events import FleetEvent, Output, StorePersistFailed
+from prospero.types.events import (
+    FleetEvent,
+    Output,
+    StorePersistFailed,
+    ToolStarted,
+    TurnFinished,
+)
 from tests.conformance.eventstore import ev
 
 
@@ -27,15 +36,19 @@ class ScriptedStore(SqliteEventStore):
         self.fail_high_water = 0
         self.gate: asyncio.Event | None = None
         self.batches: list[int] = []
+        self.cursor_batches: list[dict[str, bytes]] = []
 
-    async def append_batch(self, events: Sequence[FleetEvent]) -> list[int]:
+    async def append_batch(
+        self, events: Sequence[FleetEvent], *, cursors: Mapping[str, bytes] | None = None
+    ) -> list[int]:
         if self.gate is not None:
             await self.gate.wait()
         self.batches.append(len(events))
+        self.cursor_batches.append(dict(cursors or {}))
         if self.fail_appends:
             self.fail_appends -= 1 if self.fail_appends > 0 else 0
             raise StoreError("disk I/O error (scripted)")
-        return await super().append_batch(events)
+        return await super().append_batch(events, cursors=cursors)
 
     async def high_water(self, stream_key: str) -> int:
         if self.fail_high_water:
@@ -313,3 +326,282 @@ async def test_flush_and_close_semantics(store: ScriptedStore) -> None:
     with pytest.raises(StoreError):
         await em.emit("ws", "a", Output())
     await em.close()  # idempotent
+
+
+# -- cursors committed with their events (issue 9) ------------------------------------------
+
+
+class SnapshotBus(InProcessBus):
+    """At every publish, reads (in one read transaction of its own connection) the stream's
+    stored high water and cursor: whatever is committed must always agree."""
+
+    def __init__(self, db: Path, key: str) -> None:
+        super().__init__(buffer=100_000)
+        self.db, self.key = db, key
+        self.snapshots: list[tuple[int, bytes | None]] = []
+
+    def publish(self, item: BusItem) -> None:
+        conn = sqlite3.connect(self.db, isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            hw = conn.execute(
+                "SELECT coalesce(max(seq), 0) FROM events WHERE stream_key = ?", (self.key,)
+            ).fetchone()[0]
+            row = conn.execute("SELECT data FROM cursors WHERE key = ?", (self.key,)).fetchone()
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        self.snapshots.append((hw, None if row is None else bytes(row[0])))
+        super().publish(item)
+
+
+def covered(n: int) -> bytes:
+    return f"after {n}".encode()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["submit-path", "writer-task"])
+async def test_cursor_commits_in_the_transaction_of_its_events(db: Path, fast: bool) -> None:
+    store = SqliteEventStore(db) if fast else ScriptedStore(db)
+    await store.open()
+    bus = SnapshotBus(db, "a")
+    em = Emitter(store, bus, max_batch=7)
+    try:
+        assert (store.batch_submitter() is not None) is fast
+        n = 0
+        for i in range(40):
+            kinds = [Output(chunk=f"{i}.{j}") for j in range(i % 5)]  # 0 to 4 events
+            n += len(kinds)
+            await em.emit_many("ws", "a", kinds, covered(n))
+            if i % 9 == 0:
+                await asyncio.sleep(0)
+        await em.flush()
+        assert await store.load_cursor("a") == covered(n)
+        assert await store.high_water("a") == n
+        assert em.pending == 0
+        # Every committed state seen at publish time: the cursor covers exactly what is stored.
+        assert bus.snapshots and all(c == covered(hw) for hw, c in bus.snapshots)
+    finally:
+        await em.close()
+        await store.close()
+
+
+async def test_a_run_carrying_a_cursor_is_never_split(store: ScriptedStore) -> None:
+    em = Emitter(store, InProcessBus(), max_batch=4)
+    await em.emit_many("ws", "a", [Output(chunk=str(i)) for i in range(10)], b"ten")
+    await em.flush()
+    await em.emit_many("ws", "b", [Output(chunk=str(i)) for i in range(10)])
+    await em.flush()
+    await em.close()
+    assert store.batches[0] == 10 and store.cursor_batches[0] == {"a": b"ten"}
+    assert store.batches[1:] == [4, 4, 2]  # without a cursor the run is split as before
+    assert await store.load_cursor("a") == b"ten"
+
+
+async def test_failed_append_writes_no_cursor(store: ScriptedStore) -> None:
+    bus = InProcessBus()
+    sub = bus.subscribe("a")
+    em = Emitter(store, bus)
+    await em.emit_many("ws", "a", [Output(chunk="x")], b"c1")
+    await em.flush()
+    store.fail_appends = 1
+    await em.emit_many("ws", "a", [Output(chunk="lost")], b"c2")
+    await em.flush()
+    await em.flush()  # the loss marker
+    assert await store.load_cursor("a") == b"c1"  # a restart re-reads what c2 covered
+    assert [e.kind.kind for e in await store.replay("a")] == ["output", "store_persist_failed"]
+    # A cursor queued alone after the failure still commits, in order.
+    await em.emit_many("ws", "a", [], b"c3")
+    await em.flush()
+    assert await store.load_cursor("a") == b"c3"
+    seen = []
+    while sub.pending():
+        it = await sub.__anext__()
+        assert isinstance(it, BusItem)
+        seen.append(it.event.seq)
+    assert seen == [1, 2, 3]  # marks are never published
+    await em.close()
+
+
+async def test_failed_submit_path_append_writes_no_cursor(db: Path) -> None:
+    store = SqliteEventStore(db)
+    await store.open()
+    conn = sqlite3.connect(db)
+    conn.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON events "
+        'WHEN NEW.kind LIKE \'%"chunk":"refused"%\' '
+        "BEGIN SELECT RAISE(ABORT, 'scripted refusal'); END"
+    )
+    conn.close()
+    metrics = Metrics()
+    em = Emitter(store, InProcessBus(), metrics, max_conflict_retries=1)
+    try:
+        assert store.batch_submitter() is not None
+        await em.emit_many("ws", "a", [Output(chunk="ok")], b"c1")
+        await em.flush()
+        await em.emit_many("ws", "a", [Output(chunk="refused")], b"c2")
+        await em.flush()
+        while em.pending:
+            await em.flush()
+        assert await store.load_cursor("a") == b"c1"
+        assert metrics.get(APPEND_FAILURES) == 1
+        assert [e.kind.kind for e in await store.replay("a")] == ["output", "store_persist_failed"]
+        await em.emit_many("ws", "a", [Output(chunk="next")], b"c3")
+        await em.flush()
+        assert await store.load_cursor("a") == b"c3"
+    finally:
+        await em.close()
+        await store.close()
+
+
+async def test_cursor_alone_commits_in_order(store: ScriptedStore) -> None:
+    store.gate = asyncio.Event()  # hold the writer: everything below queues
+    em = Emitter(store, InProcessBus())
+    await em.emit_many("ws", "a", [], b"c0")
+    await em.emit_many("ws", "a", [Output(chunk="x")], b"c1")
+    await em.emit_many("ws", "a", [], b"c1+")
+    assert em.pending == 4
+    flushed = asyncio.create_task(em.flush())
+    store.gate.set()
+    await flushed
+    assert await store.load_cursor("a") == b"c1+"
+    assert await store.high_water("a") == 1
+    await em.close()
+
+
+# -- poison events (issue 9) -------------------------------------------------------------------
+
+
+def nested(depth: int) -> dict[str, object]:
+    root: dict[str, object] = {}
+    cur = root
+    for _ in range(depth):
+        nxt: dict[str, object] = {}
+        cur["k"] = nxt
+        cur = nxt
+    return root
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["submit-path", "writer-task"])
+async def test_poison_events_never_fail_their_neighbours(db: Path, fast: bool) -> None:
+    store = SqliteEventStore(db) if fast else ScriptedStore(db)
+    await store.open()
+    bus = RecordingBus(db)
+    metrics = Metrics()
+    em = Emitter(store, bus, metrics)
+    try:
+        kinds = [
+            Output(chunk="before"),
+            ToolStarted(id="t1", name="Write", input=nested(500)),
+            ("stdout", "after"),
+            TurnFinished(turn=0, stop_reason="EndOfTurn", cost_usd=0.5),
+        ]
+        await em.emit_many("ws", "a", kinds, b"c")  # type: ignore[arg-type]
+        await em.emit_many("ws", "a", [("stdout", "lone \ud800 surrogate")])
+        await em.emit("ws", "a", Output(chunk="single \udc00"))
+        await em.flush()
+        assert metrics.get(APPEND_FAILURES) == 0
+        stored = await store.replay("a")
+        assert [e.seq for e in stored] == [1, 2, 3, 4, 5, 6]
+        assert [e.kind.kind for e in stored] == [
+            "output",
+            "tool_started",
+            "output",
+            "turn_finished",
+            "output",
+            "output",
+        ]
+        assert stored[0].kind == Output(chunk="before")
+        assert stored[2].kind == Output(chunk="after")
+        tool = stored[1].kind
+        assert isinstance(tool, ToolStarted) and tool.input["_reduced"] is True
+        assert stored[4].kind == Output(chunk="lone \\ud800 surrogate")
+        assert stored[5].kind == Output(chunk="single \\udc00")
+        assert await store.load_cursor("a") == b"c"
+        # Published = stored, each committed first, and every surface can encode them.
+        assert bus.not_durable == []
+        assert [i.event for i in bus.items] == stored
+        for item in bus.items:
+            sse = encode_agent_item(item.event)
+            assert sse is not None
+            assert orjson.loads(orjson.dumps(item.event.to_json()))["seq"] == item.event.seq
+        [row] = await store.usage(stored[3].ts[:10], stored[3].ts[:10])
+        assert row.turns == 1 and row.cost_usd == 0.5
+    finally:
+        await em.close()
+        await store.close()
+
+
+async def test_poison_events_published_without_a_store_are_encodable(
+    store: ScriptedStore,
+) -> None:
+    bus = InProcessBus()
+    sub = bus.subscribe("a")
+    em = Emitter(store, bus)
+    store.fail_appends = -1
+    await em.emit("ws", "a", ToolStarted(id="t", input=nested(300)))
+    await em.emit("ws", "a", Output(chunk="x\ud800"))
+    await em.flush()
+    while em.pending:
+        await em.flush()
+    items = []
+    while sub.pending():
+        it = await sub.__anext__()
+        assert isinstance(it, BusItem) and it.ordinal is None
+        items.append(it.event)
+    assert [e.kind.kind for e in items[:2]] == ["tool_started", "output"]
+    for e in items:
+        assert encode_agent_item(e) is not None
+    assert items[1].kind == Output(chunk="x\\ud800")
+    await em.close()
+
+
+# -- the fleet manager's sink ---------------------------------------------------------------
+
+
+async def test_agent_sink_commits_the_cursor_with_the_batch(store: ScriptedStore) -> None:
+    em = Emitter(store, InProcessBus())
+    sink = _AgentSink(em, "ws", "a", store)
+    await sink.emit_batch([("stdout", "x"), Output(chunk="y")], b"c1")
+    await sink.emit_batch([], b"c2")
+    await em.flush()
+    assert [e.seq for e in await store.replay("a")] == [1, 2]
+    assert await store.load_cursor("a") == b"c2"
+    await em.close()
+
+
+class PlainEmitter:
+    """An emitter without the batch path (e.g. a test double): events one by one."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, object]] = []
+        self.flushed = 0
+
+    async def emit(self, repo: str, agent_id: str, kind: object) -> FleetEvent:
+        self.events.append((repo, agent_id, kind))
+        return ev(agent_id, len(self.events))
+
+    async def flush(self) -> None:
+        self.flushed = len(self.events)
+
+
+class Cursors:
+    def __init__(self, emitter: PlainEmitter) -> None:
+        self.emitter = emitter
+        self.saved: list[tuple[str, bytes, int]] = []
+
+    async def save_cursor(self, key: str, data: bytes) -> None:
+        self.saved.append((key, data, self.emitter.flushed))
+
+    async def load_cursor(self, key: str) -> bytes | None:
+        return self.saved[-1][1] if self.saved else None
+
+
+async def test_agent_sink_without_a_batch_path_saves_the_cursor_after_its_events() -> None:
+    em = PlainEmitter()
+    cursors = Cursors(em)
+    sink = _AgentSink(em, "ws", "a", cursors)  # type: ignore[arg-type]
+    await sink.emit_batch([("stdout", "x"), Output(chunk="y")], b"c1")
+    assert [k for _, _, k in em.events] == [Output(chunk="x"), Output(chunk="y")]
+    assert cursors.saved == [("a", b"c1", 2)]  # saved once both events were flushed
+    await sink.emit_batch([Output(chunk="z")])
+    assert len(cursors.saved) == 1

@@ -30,6 +30,7 @@ from prospero.core.emitter import Emitter
 from prospero.core.errors import SeqConflict
 from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, Metrics
 from prospero.core.normalize import Normalizer
+from prospero.core.store import sqlite as sqlite_mod
 from prospero.core.store.sqlite import SqliteEventStore
 from prospero.core.transport import MAX_LINE, LineReader, OversizedLine, read_line
 from prospero.testkit import scripts
@@ -144,14 +145,16 @@ def _push_in_batches(c: LineCursor[bytes], lines: list[bytes], rng: random.Rando
 
 def test_push_many_matches_push_across_reconnects() -> None:
     rng = random.Random(3)
-    history = [f'{{"n":{i}}}'.encode() for i in range(3000)]
+    history = [f'{{"n":{i}}}'.encode() for i in range(4000)]
     # Connections: replay of the last <= 1024 lines, then live lines; one with a loss.
     plan: list[list[bytes]] = [history[:700]]
     seen = 700
     for end in (1500, 2600):
         plan.append(history[max(0, seen - 1024) : end])
         seen = end
-    plan.append(history[2900:3000])  # lines 2600..2899 were lost while detached: a gap
+    # 1400 lines produced while detached, the worker replays its last 1024: lines 2600..2975
+    # were lost, a gap (a real worker past 1024 lines always replays a full ring)
+    plan.append(history[4000 - 1024 : 4000])
     a: LineCursor[bytes] = LineCursor()
     b: LineCursor[bytes] = LineCursor()
     outs = []
@@ -163,9 +166,9 @@ def test_push_many_matches_push_across_reconnects() -> None:
         assert a.end_connection() == b.end_connection()
         assert a.state() == b.state()
         outs.append(out)
-    assert a.seen == b.seen == 2600 + 100
+    assert a.seen == b.seen == 2600 + 1024
     assert outs[1] == history[700:1500] and outs[2] == history[1500:2600]
-    assert isinstance(outs[3][0], str) and outs[3][1:] == history[2900:3000]  # the gap first
+    assert isinstance(outs[3][0], str) and outs[3][1:] == history[2976:4000]  # the gap first
 
 
 # --- Normalizer.feed_lines ----------------------------------------------------------------------
@@ -283,7 +286,8 @@ async def test_json_and_bound_inserts_store_identical_rows(tmp_path: Path, nul: 
         back = await store.replay("b")
         assert [e.kind for e in back] == kinds
         usage = await store.usage("2026-11-29", "2026-11-29")
-        assert usage and usage[0].runs == 2 and usage[0].input_tokens == 2
+        # Per turn: each stream's turn_finished (3 in) counts, agent_finished only its run.
+        assert usage and usage[0].runs == 2 and usage[0].input_tokens == 6
         await store.close()
         results.append(_rows(db))
     assert results[0] == results[1]
@@ -532,5 +536,5 @@ async def test_version_1_file_is_upgraded_and_its_heads_kept(tmp_path: Path) -> 
     assert await store.high_water("gone") == 41
     await store.close()
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_mod.SCHEMA_VERSION
     conn.close()

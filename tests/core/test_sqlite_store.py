@@ -11,10 +11,18 @@ from pathlib import Path
 import pytest
 
 from prospero.core.errors import SeqConflict, StoreError
+from prospero.core.store import reduce
 from prospero.core.store import sqlite as sqlite_mod
 from prospero.core.store.base import ConfigStore, EventStore
 from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
-from prospero.types.events import Output
+from prospero.types.events import (
+    DecisionPending,
+    DecisionToolCall,
+    EventRun,
+    Output,
+    ToolStarted,
+    Usage,
+)
 from prospero.types.model import AgentStatus, RegisteredWorkspace
 from tests.conformance.eventstore import (
     DAY1,
@@ -27,6 +35,7 @@ from tests.conformance.eventstore import (
     finished,
     status,
     ts,
+    turn,
 )
 
 
@@ -118,7 +127,8 @@ async def test_restart_keeps_everything(db_path: Path) -> None:
     await s1.open()
     o1 = await s1.append_batch(
         [ev("a", i, at=ts(DAY1)) for i in range(1, 501)]
-        + [ev("b", 1, finished(turns=3, cost=0.5), at=ts(DAY2))]
+        + [ev("b", 1, turn(cost=0.5), at=ts(DAY2)), ev("b", 2, finished(turns=1), at=ts(DAY2))],
+        cursors={"a": b"a@500"},
     )
     await s1.close()
     await s1.close()  # idempotent
@@ -127,19 +137,106 @@ async def test_restart_keeps_everything(db_path: Path) -> None:
     try:
         assert await s2.high_water("a") == 500
         assert await s2.last_ordinal() == o1[-1]
+        assert await s2.load_cursor("a") == b"a@500"
         [row] = await s2.usage(DAY2, DAY2)
-        assert row.turns == 3 and row.runs == 1 and row.cost_usd == 0.5
-        o2 = await s2.append_batch(
-            [
-                ev("a", 501),
-                ev("b", 1, finished(turns=1, cost=0.25), at=ts(DAY2)).model_copy(update={"seq": 2}),
-            ]
-        )
+        assert row.turns == 1 and row.runs == 1 and row.cost_usd == 0.5
+        o2 = await s2.append_batch([ev("a", 501), ev("b", 3, turn(cost=0.25), at=ts(DAY2))])
         assert o2[0] == o1[-1] + 1
         [row] = await s2.usage(DAY2, DAY2)
-        assert row.turns == 4 and row.runs == 2 and row.cost_usd == 0.75
+        assert row.turns == 2 and row.runs == 1 and row.cost_usd == 0.75
     finally:
         await s2.close()
+
+
+async def _as_version_2_file(db_path: Path, rows: list[tuple[object, ...]]) -> None:
+    """Turn the file into what a schema-2 build left: its own usage rows, user_version 2."""
+    conn = raw(db_path)
+    try:
+        conn.execute("DELETE FROM usage_daily")
+        conn.executemany("INSERT INTO usage_daily VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.execute("PRAGMA user_version = 2")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+async def test_version_2_usage_is_rebuilt_per_turn_at_open(db_path: Path) -> None:
+    s1 = SqliteEventStore(db_path)
+    await s1.open()
+    u = Usage(input_tokens=10, output_tokens=2)
+    await s1.append_batch(
+        [  # a running agent's two turns (schema 2 counted nothing of them)
+            ev("a", 1, turn(cost=0.5, usage=u), at=ts(DAY1)),
+            ev("a", 2, turn(cost=0.5, usage=u), at=ts(DAY2)),
+            # a run that reported 1 turn at its end, killed after it was done
+            ev("b", 1, turn(cost=0.25), at=ts(DAY2)),
+            ev("b", 2, finished(turns=1, cost=0.25), at=ts(DAY2)),
+            ev("b", 3, status(AgentStatus.done), at=ts(DAY2)),
+            ev("b", 4, status(AgentStatus.killed, AgentStatus.done), at=ts(DAY2)),
+        ]
+    )
+    await s1.close()
+    # What schema 2 had counted: agent_finished totals, outcomes from terminal statuses.
+    await _as_version_2_file(db_path, [("ws", DAY2, None, None, 0.25, 1, 1, 1, 0, 1, 0)])
+    s2 = SqliteEventStore(db_path)
+    await s2.open()
+    try:
+        by = {r.day: r for r in await s2.usage(DAY1, DAY2)}
+        assert (by[DAY1].turns, by[DAY1].cost_usd, by[DAY1].input_tokens) == (1, 0.5, 10)
+        assert by[DAY1].runs == 0
+        assert (by[DAY2].turns, by[DAY2].cost_usd, by[DAY2].input_tokens) == (2, 0.75, 10)
+        assert by[DAY2].runs == 1
+        assert by[DAY2].outcomes == {"done": 1, "failed": 0, "killed": 0, "crashed": 0}
+    finally:
+        await s2.close()
+    conn = raw(db_path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_mod.SCHEMA_VERSION
+    finally:
+        conn.close()
+
+
+async def test_version_2_rebuild_keeps_days_retention_may_have_cut(db_path: Path) -> None:
+    s1 = SqliteEventStore(db_path)
+    await s1.open()
+    await s1.append_batch(
+        [
+            ev("old", 1, turn(cost=9.0), at=ts(DAY1, "00:00:00.000000")),
+            ev("a", 1, turn(cost=0.5), at=ts(DAY1, "12:00:00.000000")),
+            ev("a", 2, turn(cost=0.5), at=ts(DAY2)),
+        ]
+    )
+    assert await s1.prune(ts(DAY1, "06:00:00.000000")) == 1  # DAY1 is now partial
+    await s1.close()
+    await _as_version_2_file(
+        db_path,
+        [
+            ("ws", "2025-12-31", None, None, 4.0, 4, 4, 4, 0, 0, 0),
+            ("ws", DAY1, None, None, 9.0, 3, 1, 1, 0, 0, 0),
+            ("ws", DAY2, None, None, None, 0, 0, 0, 0, 0, 0),
+        ],
+    )
+    s2 = SqliteEventStore(db_path)
+    await s2.open()
+    try:
+        by = {r.day: r for r in await s2.usage("2025-12-01", DAY2)}
+        # Days at or before the oldest stored event keep their rows; later ones are rebuilt.
+        assert (by["2025-12-31"].turns, by["2025-12-31"].cost_usd) == (4, 4.0)
+        assert (by[DAY1].turns, by[DAY1].cost_usd) == (3, 9.0)
+        assert (by[DAY2].turns, by[DAY2].cost_usd) == (1, 0.5)
+    finally:
+        await s2.close()
+
+
+async def test_poison_in_a_run_and_via_bound_rows(store: SqliteEventStore) -> None:
+    """The reduced form replaces the kind in the run itself (what the emitter publishes),
+    on the JSON path and on the bound-parameter path (a NUL in the batch)."""
+    run = EventRun("ws", "a", ts(DAY1), 1, [("stdout", "x\ud800"), ("stdout", "nul\x00 ok")])
+    fut = store.submit_append([run])
+    assert len(await asyncio.wrap_future(fut)) == 2
+    assert run.kinds == [("stdout", "x\\ud800"), ("stdout", "nul\x00 ok")]
+    back = await store.replay("a")
+    assert [e.kind for e in back] == [Output(chunk="x\\ud800"), Output(chunk="nul\x00 ok")]
 
 
 async def test_not_open_raises_store_error(db_path: Path) -> None:
@@ -256,3 +353,24 @@ async def test_two_handles_conflict_across_connections(db_path: Path) -> None:
     finally:
         await a.close()
         await b.close()
+
+
+def test_reduced_forms() -> None:
+    deep: object = "leaf"
+    for _ in range(200):
+        deep = [deep]
+    ask = DecisionPending(id="d", tool_call=DecisionToolCall(id="t", input={"x": deep}))
+    assert reduce.needs_check(ask) and not reduce.free_form_safe(ask)
+    small = reduce.reduce_kind(ask)
+    assert isinstance(small, DecisionPending) and reduce.free_form_safe(small)
+    wrapped = small.tool_call.input
+    assert wrapped["_reduced"] is True and set(wrapped) == {"_reduced", "value"}
+    small.model_dump_json()
+    # Objects JSON has no form for, non-string keys and big ints become strings.
+    odd = reduce.reduce_kind(ToolStarted(id="t", input={1: {3, 4}, "n": -(2**80)}))
+    assert isinstance(odd, ToolStarted)
+    assert odd.input == {"_reduced": True, "value": {"1": "{3, 4}", "n": str(-(2**80))}}
+    # What serialises is left alone (the same object).
+    fine = ToolStarted(id="t", input={"a": [1, 2.5, None, True, "s"]})
+    assert reduce.reduce_kind(fine) is fine and reduce.free_form_safe(fine)
+    assert reduce.escape_surrogates("a\ud83d\ude00b\udfff") == "a\\ud83d\\ude00b\\udfff"

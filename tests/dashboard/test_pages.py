@@ -5,6 +5,7 @@ from __future__ import annotations
 from playwright.async_api import expect
 
 from tests.dashboard.conftest import SessionFactory, StackFactory
+from tests.support import wait_until
 
 
 async def test_usage_charts_and_windows(
@@ -19,6 +20,13 @@ async def test_usage_charts_and_windows(
     for agent in (a, b):
         await stack.wait_status(agent, "done")
     await stack.wait_status(k, "killed")
+
+    async def killed_turn_counted() -> bool:
+        # Usage is per turn: the killed agent's one finished turn counts too (docs: 1 + 1).
+        groups = (await stack.client.get("/api/usage")).json()["groups"]
+        return any(g["workspace"] == "docs" and g["turns"] == 2 for g in groups)
+
+    await wait_until(killed_turn_counted, 20, what="the killed agent's turn in /api/usage")
 
     s = await open_session(stack)
     page = s.page
@@ -41,7 +49,7 @@ async def test_usage_charts_and_windows(
         page.locator('figure.chart svg[aria-label="Spend per day (USD)"] path.area')
     ).to_have_count(1)
     tip = await page.locator('svg[aria-label="Turns per day"] rect.bar title').first.text_content()
-    assert tip and "turns: 3" in tip
+    assert tip and "turns: 4" in tip  # ws 2 + docs 1 + the killed agent's 1
     await s.shot("usage")
 
     await page.click('.seg-btn[data-days="30"]')

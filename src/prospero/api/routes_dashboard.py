@@ -18,7 +18,7 @@ are also registered as routes by `install_routes` (so the app lists `/`).
 
 `GET /api/dashboard/summary` (behind auth like any API call) gives what the fleet overview
 needs beyond `/api/fleet`: per-agent token/cost/turn totals folded from the agents' stored
-turn and finish events (filtered by kind in the store, cached per agent with the stream's
+turn events (per turn, like /api/usage; the finish event gives the outcome) (filtered by kind in the store, cached per agent with the stream's
 high-water mark, so refreshes only read new events) and the
 store's last ordinal, where the fleet SSE stream is resumed from.
 """
@@ -197,8 +197,10 @@ def install_routes(app: FastAPI) -> None:
 class AgentTotals(BaseModel):
     """Token, cost and turn totals of one agent, folded from its stored events.
 
-    Sums of `turn_finished` while the run goes on; the run's own totals from `agent_finished`
-    replace them when it reports them. Null = nothing reported (never a fake 0)."""
+    Sums of its `turn_finished` events, counted as each turn ends whatever the agent's state
+    (running, idle, killed): the same per-turn accounting as /api/usage. `agent_finished`
+    gives the outcome (and model) only: its own totals would count the turns twice, and miss
+    turns it does not know of. Null = nothing reported (never a fake 0)."""
 
     seq: int = 0  # last folded event seq
     input_tokens: int | None = None
@@ -239,12 +241,6 @@ def fold(totals: AgentTotals, events: list[FleetEvent]) -> None:
         elif isinstance(k, AgentFinished):
             totals.outcome = k.outcome or None
             totals.model = k.model or totals.model
-            totals.turns = max(totals.turns, k.turns)
-            if k.usage is not None:
-                totals.input_tokens = k.usage.input_tokens
-                totals.output_tokens = k.usage.output_tokens
-            if k.cost_usd is not None:
-                totals.cost_usd = k.cost_usd
 
 
 @dataclass

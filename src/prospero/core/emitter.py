@@ -17,6 +17,13 @@ task covers quiet periods, failures (`_recover`: later batches are requeued in o
 failed one takes the slow path below) and stores without the synchronous path, which it drives
 one `append_batch` at a time.
 
+Cursors: `emit_many(..., cursor=...)` queues a driver's resume state right behind its events
+(a `CursorMark`); the store writes it in the same transaction as the events queued before it,
+so a restart resumes from exactly what is stored (0 duplicates); a run carrying a cursor is
+never split across batches, and a failed append writes no cursor. Poison events (kinds that
+cannot be serialised) are the store's business: it stores and hands back their reduced form
+(`core.store.reduce`), which is what gets published.
+
 Seq is per stream key and starts at 1. The counter is seeded lazily from `store.high_water`;
 on `SeqConflict` (another writer got there first) the writer backs off a little (jittered),
 re-seeds the conflicting streams from the store, renumbers their queued events and retries (up
@@ -46,7 +53,8 @@ from dataclasses import dataclass
 from prospero.core.bus import Bus, BusItem
 from prospero.core.errors import SeqConflict, StoreError
 from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, Metrics
-from prospero.core.store.base import EventStore
+from prospero.core.store.base import CursorMark, EventStore
+from prospero.core.store.reduce import free_form_safe, needs_check, reduce_kind
 from prospero.types.events import (
     EVENT_KIND_TYPES,
     CompactKind,
@@ -55,6 +63,7 @@ from prospero.types.events import (
     FleetEvent,
     Output,
     StorePersistFailed,
+    compact_kind,
     now_ts,
     stream_key_for,
 )
@@ -62,8 +71,9 @@ from prospero.types.events import (
 log = logging.getLogger(__name__)
 
 
-# A queued entry: one event, or a run of consecutive events of one stream (`emit_many`).
-_Entry = FleetEvent | EventRun
+# A queued entry: one event, a run of consecutive events of one stream (`emit_many`), or a
+# driver's resume state to commit with the events queued before it (`emit_many(cursor=)`).
+_Entry = FleetEvent | EventRun | CursorMark
 
 
 @dataclass(slots=True)
@@ -72,6 +82,7 @@ class _InFlight:
 
     entries: list[_Entry]
     size: int  # events
+    units: int  # events and cursor marks (what `_advance` counts)
     future: ConcurrentFuture[list[int]]
 
 
@@ -96,14 +107,19 @@ def _expand_any(kind: object) -> EventKind:
     return kind  # type: ignore[return-value]
 
 
-def _materialise(entries: list[_Entry]) -> list[FleetEvent]:
+def _materialise(entries: list[_Entry]) -> tuple[list[FleetEvent], dict[str, bytes]]:
+    """The entries' events, and their cursor marks (the last of each key)."""
     out: list[FleetEvent] = []
+    cursors: dict[str, bytes] = {}
     for e in entries:
-        if type(e) is EventRun:
-            out.extend(e.events())
+        t = type(e)
+        if t is EventRun:
+            out.extend(e.events())  # type: ignore[union-attr]
+        elif t is CursorMark:
+            cursors[e.key] = e.data  # type: ignore[union-attr]
         else:
             out.append(e)  # type: ignore[arg-type]
-    return out
+    return out, cursors
 
 
 def _failure(future: ConcurrentFuture[list[int]], size: int) -> BaseException | None:
@@ -114,6 +130,19 @@ def _failure(future: ConcurrentFuture[list[int]], size: int) -> BaseException | 
     if error is None and len(future.result()) != size:
         return StoreError(f"store returned {len(future.result())} ordinals for {size} events")
     return error
+
+
+def _encodable(ev: FleetEvent) -> FleetEvent:
+    """The event, or its reduced form if it is poison (what the store would have stored): the
+    live view of events that were not stored must still be encodable (SSE)."""
+    kind = ev.kind
+    try:
+        kind.__pydantic_serializer__.to_json(kind, by_alias=True)
+        if not needs_check(kind) or free_form_safe(kind):
+            return ev
+    except ValueError:
+        pass
+    return ev.model_copy(update={"kind": reduce_kind(kind)})
 
 
 class Emitter:
@@ -188,7 +217,7 @@ class Emitter:
 
     @property
     def pending(self) -> int:
-        """Events emitted but not yet committed and published."""
+        """Events (and cursor marks) emitted but not yet committed and published."""
         return self._enqueued - self._done
 
     # -- producing -------------------------------------------------------------------------
@@ -215,16 +244,37 @@ class Emitter:
         return ev
 
     async def emit_many(
-        self, repo: str, agent_id: str, kinds: Sequence[CompactKind], *, ts: str | None = None
+        self,
+        repo: str,
+        agent_id: str,
+        kinds: Sequence[CompactKind],
+        cursor: bytes | None = None,
+        *,
+        ts: str | None = None,
     ) -> None:
         """`emit` each kind, in order, on one stream: consecutive seqs, one `ts` for the batch
         (stamped now unless given). Same durability and back-pressure as `emit` (a batch may
         overshoot `max_pending` by its own size). Kinds may be `CompactKind`s (an Output as its
         (stream, chunk) pair). The events are queued as one `EventRun`: their `FleetEvent`
-        models are only built to be published."""
+        models are only built to be published.
+
+        `cursor`: the driver's resume state once these events are stored. It is queued right
+        behind them and the store writes it (the `cursors` row of `agent_id`) in the same
+        transaction as them (a run that carries a cursor is never split across transactions;
+        whatever was queued before the run commits in that transaction or an earlier one), or
+        not at all when that append fails. With no kinds, the cursor alone is queued, and
+        commits in order. `flush()` covers it. Events a driver emits one by one (`emit`)
+        between two cursors are not held back for the next cursor: a driver that wants
+        exactness passes every event of the agent through here."""
         if self._closing:
             raise StoreError("emitter is closed")
         if not kinds:
+            if cursor is not None:
+                self._start_writer()
+                self._pending.append(CursorMark(agent_id, bytes(cursor)))
+                self._enqueued += 1
+                self._wakeup.set()
+                self._pump()
             return
         if self._task is None:
             self._start_writer()
@@ -259,13 +309,20 @@ class Emitter:
         if len(run) == n and type(repo) is str and type(agent_id) is str and type(stamp) is str:
             self._pending.append(EventRun(repo, agent_id, stamp, seq, run))
         else:  # not plainly valid: build (and so validate, or raise) the models now
-            self._pending.extend(
-                FleetEvent.trusted_batch(
-                    seq, stamp, repo, agent_id, [_expand_any(k) for k in kinds]
-                )
+            evs = FleetEvent.trusted_batch(
+                seq, stamp, repo, agent_id, [_expand_any(k) for k in kinds]
             )
+            if cursor is None:
+                self._pending.extend(evs)
+            else:  # one run: never split from its cursor (see `_take`)
+                e0 = evs[0]
+                kinds_ = [compact_kind(e.kind) for e in evs]
+                self._pending.append(EventRun(e0.repo, e0.agent_id, e0.ts, seq, kinds_))
         self._next[key] = seq + n
         self._enqueued += n
+        if cursor is not None:
+            self._pending.append(CursorMark(agent_id, bytes(cursor)))
+            self._enqueued += 1
         self._wakeup.set()
         self._pump()
 
@@ -346,14 +403,14 @@ class Emitter:
             self._fill()
             if inflight:
                 continue
-            entries, n = self._take(self.max_batch)
+            entries, n, units = self._take(self.max_batch)
             try:
-                await self._commit(_materialise(entries))
+                await self._commit(*_materialise(entries))
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the writer die; _commit already handles store errors
                 log.exception("emitter: unexpected error committing %d events", n)
-            self._advance(n)
+            self._advance(units)
 
     async def _recover(self, head: _InFlight, error: BaseException) -> None:
         """The oldest in-flight batch failed: the ones queued after it write nothing (they
@@ -376,12 +433,12 @@ class Emitter:
                     requeue.extend(inf.entries)
             self._pending.extendleft(reversed(requeue))
             try:
-                await self._commit(_materialise(head.entries), error)
+                await self._commit(*_materialise(head.entries), error)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("emitter: unexpected error committing %d events", head.size)
-            self._advance(head.size)
+            self._advance(head.units)
         finally:
             self._slow = False
 
@@ -397,24 +454,42 @@ class Emitter:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _POLL_MAX)
 
-    def _take(self, limit: int) -> tuple[list[_Entry], int]:
-        """Dequeue up to `limit` events (splitting a run if needed), in order."""
+    def _take(self, limit: int) -> tuple[list[_Entry], int, int]:
+        """Dequeue up to `limit` events (splitting a run if needed), in order, with the cursor
+        marks among and right after them; returns the entries, their event count and their
+        units (events + marks). A run followed by its cursor is never split: it goes whole
+        (alone if it is larger than `limit`) or waits for the next batch."""
         pending = self._pending
         out: list[_Entry] = []
         n = 0
-        while pending and n < limit:
+        units = 0
+        while pending:
             e = pending[0]
-            size = len(e) if type(e) is EventRun else 1
+            t = type(e)
+            if t is CursorMark:
+                pending.popleft()
+                out.append(e)
+                units += 1
+                continue
+            if n >= limit:
+                break
+            size = len(e) if t is EventRun else 1  # type: ignore[arg-type]
             if n + size > limit:
                 assert isinstance(e, EventRun)
-                head, pending[0] = e.split(limit - n)
-                out.append(head)
-                n = limit
-                break
+                if len(pending) > 1 and type(pending[1]) is CursorMark:
+                    if n:
+                        break  # the next batch takes it whole, with its cursor
+                else:
+                    head, pending[0] = e.split(limit - n)
+                    out.append(head)
+                    units += limit - n
+                    n = limit
+                    break
             pending.popleft()
             out.append(e)
             n += size
-        return out, n
+            units += size
+        return out, n, units
 
     def _pump(self) -> None:
         """Advance the submit path synchronously: finish the batches the store has committed,
@@ -449,13 +524,13 @@ class Emitter:
         if submit is None or len(self._inflight) >= _PIPELINE_DEPTH:
             return False
         after = self._inflight[-1].future if self._inflight else None
-        entries, n = self._take(self.max_batch)
+        entries, n, units = self._take(self.max_batch)
         try:
             future = submit(entries, after)
         except Exception as e:  # e.g. the store is closed: the writer task reports the loss
             future = ConcurrentFuture()
             future.set_exception(e)
-        self._inflight.append(_InFlight(entries, n, future))
+        self._inflight.append(_InFlight(entries, n, units, future))
         self._wakeup.set()  # the writer task watches the in-flight batches
         return True
 
@@ -467,7 +542,7 @@ class Emitter:
         except Exception:
             log.exception("emitter: publishing %d committed events failed", inf.size)
         finally:
-            self._advance(inf.size)
+            self._advance(inf.units)
 
     def _publish(self, inf: _InFlight, ordinals: list[int]) -> None:
         self.metrics.inc(EVENTS_APPENDED, inf.size)
@@ -480,7 +555,7 @@ class Emitter:
                 for ev in e.iter_events():
                     publish(BusItem(ordinals[i], ev))
                     i += 1
-            else:
+            elif type(e) is not CursorMark:
                 publish(BusItem(ordinals[i], e))  # type: ignore[arg-type]
                 i += 1
 
@@ -493,16 +568,27 @@ class Emitter:
             if not fut.done():
                 fut.set_result(None)
 
-    async def _commit(self, batch: list[FleetEvent], failed: BaseException | None = None) -> None:
-        """Append and publish one batch, handling conflicts and failures. `failed`: the error
-        of an attempt already made (the submit path), handled as if this call had got it."""
+    async def _commit(
+        self,
+        batch: list[FleetEvent],
+        cursors: dict[str, bytes],
+        failed: BaseException | None = None,
+    ) -> None:
+        """Append and publish one batch, and write its cursors in the same transaction,
+        handling conflicts and failures. `failed`: the error of an attempt already made (the
+        submit path), handled as if this call had got it."""
+        if not batch and not cursors:
+            return
         attempt = 0
         while True:
             try:
                 if failed is not None:
                     error, failed = failed, None
                     raise error
-                ordinals = await self.store.append_batch(batch)
+                if cursors:
+                    ordinals = await self.store.append_batch(batch, cursors=cursors)
+                else:
+                    ordinals = await self.store.append_batch(batch)
             except SeqConflict as e:
                 attempt += 1
                 if attempt > self.max_conflict_retries:
@@ -549,7 +635,9 @@ class Emitter:
 
         batch = [renumber(ev) for ev in batch]
         for i, entry in enumerate(self._pending):
-            key = entry.stream_key
+            if type(entry) is CursorMark:
+                continue
+            key = entry.stream_key  # type: ignore[union-attr]
             if key not in moved:
                 continue
             if type(entry) is EventRun:
@@ -562,13 +650,14 @@ class Emitter:
         return batch
 
     def _persist_failed(self, batch: list[FleetEvent], detail: str) -> None:
-        """Publish the unpersisted events anyway and mark the loss on each affected stream."""
+        """Publish the unpersisted events anyway and mark the loss on each affected stream.
+        (The batch's cursors are not written: a restart re-reads what they covered.)"""
         self.metrics.inc(APPEND_FAILURES, len(batch))
-        log.error("emitter: %d events not persisted: %s", len(batch), detail)
+        log.error("emitter: %d events (and their cursors) not persisted: %s", len(batch), detail)
         lost: dict[str, tuple[FleetEvent, int, int]] = {}
         publish = self.bus.publish
         for ev in batch:
-            publish(BusItem(None, ev))
+            publish(BusItem(None, _encodable(ev)))
             if ev.kind.kind == "store_persist_failed":
                 continue  # no marker for a lost marker: no cascade while the store is down
             key = ev.stream_key

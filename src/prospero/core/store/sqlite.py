@@ -8,7 +8,7 @@ connection on a dedicated single-thread executor (every write is serialised ther
 what makes group commit cheap) and one *reader* connection on a second single-thread executor
 (WAL lets it read committed data while the writer commits).
 
-Schema (user_version 2):
+Schema (user_version 3):
 
 - `events(ordinal INTEGER PRIMARY KEY AUTOINCREMENT, stream_key, seq, ts, repo, agent_id,
   kind_tag, kind /*JSON of EventKind*/, UNIQUE(stream_key, seq))` plus an index on `ts` for
@@ -24,16 +24,22 @@ Schema (user_version 2):
   would take for complete, hence the version.
 - `usage_daily(workspace, day, input_tokens, output_tokens, cost_usd, turns, runs, done, failed,
   killed, crashed, PRIMARY KEY(workspace, day))`: maintained in the append transaction from
-  `agent_finished` (tokens, cost, turns, runs) and terminal `status_changed` (outcomes). Null
-  sums stay null until an event reports a value. Retention does not touch it (usage history
-  outlives raw events; the rows are tiny).
-- `cursors(key PRIMARY KEY, data BLOB)`, `workspaces(name PRIMARY KEY, root, config JSON)`.
+  each `turn_finished` (tokens, cost, turns: counted as the turn ends, whatever the agent's
+  state) and `agent_finished` (one run and its outcome, see `outcome_bucket`). Null sums stay
+  null until an event reports a value. Retention does not touch it (usage history outlives raw
+  events; the rows are tiny). Version 1-2 files counted tokens, cost and turns from
+  `agent_finished` and outcomes from terminal `status_changed`: opening one rebuilds the rows
+  of the days whose events are still stored (`_rebuild_usage`).
+- `cursors(key PRIMARY KEY, data BLOB)`: driver resume states, written by `save_cursor` or in
+  the append transaction of the events they cover (`CursorMark`s in a batch, `cursors=`).
+- `workspaces(name PRIMARY KEY, root, config JSON)`.
 
 Appending is built around the GIL: every sqlite3 step releases it and must take it back, and
 taking it back while the event loop is busy can cost a whole switch interval (5 ms). So a batch
 goes in as *one* statement (`INSERT ... SELECT ... FROM json_each(?)`, the rows passed as one
-JSON array), atomic on its own; only batches that also update `usage_daily` use an explicit
-transaction. Without SQLite's JSON functions, or for rows JSON cannot carry exactly (a NUL
+JSON array), atomic on its own; only batches that also update `usage_daily` or `cursors` use
+an explicit transaction. A poison kind (one that cannot be serialised) is written in its reduced
+form (`core.store.reduce`) and replaced by it in the batch, never failing its neighbours. Without SQLite's JSON functions, or for rows JSON cannot carry exactly (a NUL
 character), the rows are bound as parameters of a few multi-row INSERTs instead.
 `submit_append` queues an append to the writer thread without awaiting (the emitter's
 pipeline; `after=` chains it to an earlier append); `append_batch` awaits the same job.
@@ -44,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,14 +59,15 @@ from typing import Any, TypeVar
 import orjson
 
 from prospero.core.errors import SeqConflict, StoreError
-from prospero.core.store.base import StoredEvent, UsageDay
+from prospero.core.store.base import CursorMark, StoredEvent, UsageDay
+from prospero.core.store.reduce import free_form_safe, needs_check, reduce_compact, reduce_kind
 from prospero.core.store.sqlite_db import SqliteDb
 from prospero.types.events import (
     EVENT_KIND_ADAPTER,
     AgentFinished,
     EventRun,
     FleetEvent,
-    StatusChanged,
+    TurnFinished,
     stream_key_for,
 )
 from prospero.types.model import RegisteredWorkspace, RepoProviderConfig
@@ -69,7 +76,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+# What `submit_append` takes: events, runs of events, and cursor marks, in order.
+_Entry = FleetEvent | EventRun | CursorMark
+
+SCHEMA_VERSION = 3
 # Rows deleted per retention transaction: keeps the write lock short so appends interleave.
 PRUNE_CHUNK = 5000
 
@@ -181,6 +191,11 @@ _UPSERT_USAGE = (
     )
 )
 
+_UPSERT_CURSOR = (
+    "INSERT INTO cursors (key, data) VALUES (?, ?) "
+    "ON CONFLICT (key) DO UPDATE SET data = excluded.data"
+)
+
 _SELECT_EVENT_COLS = "seq, ts, repo, agent_id, kind"
 
 _OUTCOMES = ("done", "failed", "killed", "crashed")
@@ -197,11 +212,42 @@ def _init_schema(conn: sqlite3.Connection) -> None:
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
+        if 0 < version < 3:
+            _rebuild_usage(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def _rebuild_usage(conn: sqlite3.Connection) -> None:
+    """Version 3 folds usage per turn (see `_account`); a version 1-2 file's rows counted
+    tokens, cost and turns from `agent_finished` and outcomes from `status_changed`. Recompute
+    the rows of every day whose events are all still stored, from those events: the days after
+    the oldest stored event's day (that day may have been pruned in part, its old row is kept),
+    and that day too when retention never deleted anything (no stream head folded)."""
+    row = conn.execute("SELECT min(ts) FROM events").fetchone()
+    if row is None or row[0] is None:
+        return
+    first_day = str(row[0])[:10]
+    pruned = conn.execute("SELECT 1 FROM stream_heads LIMIT 1").fetchone() is not None
+    op = ">" if pruned else ">="
+    usage: dict[tuple[str, str], _UsageAcc] = {}
+    cur = conn.execute(
+        "SELECT repo, ts, kind FROM events WHERE kind_tag IN ('turn_finished', 'agent_finished')"
+        " ORDER BY ordinal"
+    )
+    for repo, ts, body in cur:
+        try:
+            kind = EVENT_KIND_ADAPTER.validate_json(body)
+        except ValueError:
+            continue
+        _account(usage, kind, repo, ts)
+    conn.execute(f"DELETE FROM usage_daily WHERE day {op} ?", (first_day,))
+    rows = [acc.row(ws, day) for (ws, day), acc in usage.items() if day > first_day or not pruned]
+    conn.executemany(_UPSERT_USAGE, rows)
+    log.info("usage aggregates rebuilt from stored events (per-turn accounting, schema 3)")
 
 
 @dataclass(slots=True)
@@ -241,35 +287,77 @@ def _nadd(a: Any, b: Any) -> Any:
 
 
 def _rows(
-    entries: Sequence[FleetEvent | EventRun], usage: dict[tuple[str, str], _UsageAcc]
+    entries: Sequence[FleetEvent | EventRun | CursorMark],
+    usage: dict[tuple[str, str], _UsageAcc],
 ) -> Iterator[tuple[Any, ...]]:
-    """The events' rows, in order; folds usage-relevant events into `usage` on the way."""
-    for entry in entries:
-        if type(entry) is EventRun:
-            repo, agent_id, ts, seq = entry.repo, entry.agent_id, entry.ts, entry.first_seq
+    """The events' rows, in order (cursor marks skipped); folds usage-relevant events into
+    `usage` on the way. A poison kind is replaced by its reduced form (`_reduced_body`): in the
+    run's kinds, or in `entries` itself when it is a list, so what is published is what is
+    stored."""
+    for i, entry in enumerate(entries):
+        t = type(entry)
+        if t is EventRun:
+            run: EventRun = entry  # type: ignore[assignment]
+            repo, agent_id, ts, seq = run.repo, run.agent_id, run.ts, run.first_seq
+            first = seq
             key = agent_id or stream_key_for(repo, agent_id)
-            for kind in entry.kinds:
+            kinds = run.kinds
+            for kind in kinds:
                 if type(kind) is tuple:  # an Output as (stream, chunk): see CompactKind
-                    body = _output_json(kind[0], kind[1])
+                    try:
+                        body = _output_json(kind[0], kind[1])
+                    except TypeError:  # a lone surrogate
+                        kinds[seq - first] = reduced = reduce_compact(kind)
+                        _log_reduced(key, seq, "output")
+                        body = _output_json(reduced[0], reduced[1])  # type: ignore[index]
                     yield (key, seq, ts, repo, agent_id, "output", body)
                     seq += 1
                     continue
                 tag = kind.kind  # type: ignore[union-attr]
-                # == kind.model_dump_json(by_alias=True), minus the Python-level wrapper.
-                body = kind.__pydantic_serializer__.to_json(kind, by_alias=True).decode()  # type: ignore[union-attr]
+                try:
+                    # == kind.model_dump_json(by_alias=True), minus the Python-level wrapper.
+                    body = kind.__pydantic_serializer__.to_json(kind, by_alias=True).decode()  # type: ignore[union-attr]
+                    if needs_check(kind) and not free_form_safe(kind):
+                        raise ValueError("free-form value JSON cannot carry as it is")
+                except ValueError:
+                    kinds[seq - first] = kind = reduce_kind(kind)  # type: ignore[arg-type]
+                    _log_reduced(key, seq, tag)
+                    body = kind.__pydantic_serializer__.to_json(kind, by_alias=True).decode()
                 yield (key, seq, ts, repo, agent_id, tag, body)
-                if tag == "agent_finished" or tag == "status_changed":
+                if tag in _USAGE_TAGS:
                     _account(usage, kind, repo, ts)
                 seq += 1
+            continue
+        if t is CursorMark:
             continue
         ev: FleetEvent = entry  # type: ignore[assignment]
         kind = ev.kind
         tag = kind.kind
         repo, agent_id, ts = ev.repo, ev.agent_id, ev.ts
-        body = kind.__pydantic_serializer__.to_json(kind, by_alias=True).decode()
-        yield (agent_id or stream_key_for(repo, agent_id), ev.seq, ts, repo, agent_id, tag, body)
-        if tag == "agent_finished" or tag == "status_changed":
+        key = agent_id or stream_key_for(repo, agent_id)
+        try:
+            body = kind.__pydantic_serializer__.to_json(kind, by_alias=True).decode()
+            if needs_check(kind) and not free_form_safe(kind):
+                raise ValueError("free-form value JSON cannot carry as it is")
+        except ValueError:
+            kind = reduce_kind(kind)
+            _log_reduced(key, ev.seq, tag)
+            body = kind.__pydantic_serializer__.to_json(kind, by_alias=True).decode()
+            if isinstance(entries, list):
+                entries[i] = ev.model_copy(update={"kind": kind})
+        yield (key, ev.seq, ts, repo, agent_id, tag, body)
+        if tag in _USAGE_TAGS:
             _account(usage, kind, repo, ts)
+
+
+def _log_reduced(key: str, seq: int, tag: str) -> None:
+    log.warning(
+        "agent %r seq %d: the %s event cannot be serialised as it is; stored in its reduced "
+        "form (docs/adr/0004)",
+        key,
+        seq,
+        tag,
+    )
 
 
 def _output_json(stream: str, chunk: str) -> str:
@@ -282,7 +370,9 @@ def _usage_rows(usage: dict[tuple[str, str], _UsageAcc]) -> list[tuple[Any, ...]
     return [acc.row(ws, day) for (ws, day), acc in usage.items()]
 
 
-def _json_rows(entries: Sequence[FleetEvent | EventRun]) -> tuple[bytes | None, list[Any]]:
+def _json_rows(
+    entries: Sequence[FleetEvent | EventRun | CursorMark],
+) -> tuple[bytes | None, list[Any]]:
     """The rows as one JSON array for `_INSERT_JSON_ROWS` (None when JSON could not carry them
     exactly: SQLite's JSON text ends at a NUL character; checked conservatively, an escaped NUL
     inside a kind's JSON also sends the batch down the bound-parameter path) and the usage rows."""
@@ -295,25 +385,44 @@ def _json_rows(entries: Sequence[FleetEvent | EventRun]) -> tuple[bytes | None, 
     return (None if b"\\u0000" in blob else blob), _usage_rows(usage)
 
 
-def _bound_rows(entries: Sequence[FleetEvent | EventRun]) -> tuple[list[Any], list[Any]]:
+def _bound_rows(
+    entries: Sequence[FleetEvent | EventRun | CursorMark],
+) -> tuple[list[Any], list[Any]]:
     usage: dict[tuple[str, str], _UsageAcc] = {}
     rows = list(_rows(entries, usage))
     return rows, _usage_rows(usage)
 
 
+_USAGE_TAGS = frozenset({"turn_finished", "agent_finished"})
+
+
+def outcome_bucket(outcome: str) -> str:
+    """The usage outcome (done | failed | killed | crashed) of an `agent_finished` outcome:
+    `EndOfTurn` (or `done`) is done, `killed` and `crashed` are themselves, anything else (a
+    stop condition such as MaxTurnsReached or ProviderError, an ACP refusal...) failed."""
+    if outcome in ("EndOfTurn", "done"):
+        return "done"
+    if outcome in ("killed", "crashed", "failed"):
+        return outcome
+    return "failed"
+
+
 def _account(usage: dict[tuple[str, str], _UsageAcc], kind: Any, repo: str, ts: str) -> None:
-    """Fold a usage-relevant event into the per-workspace, per-UTC-day deltas."""
-    if isinstance(kind, AgentFinished):
+    """Fold a usage-relevant event into the per-workspace, per-UTC-day deltas: tokens, cost
+    and turns from each `turn_finished` (as it happens, whatever the agent's state), the run
+    and its outcome from `agent_finished` (once per run; its own totals are not counted, they
+    would count the turns twice)."""
+    if isinstance(kind, TurnFinished):
         acc = usage.setdefault((repo, ts[:10]), _UsageAcc())
-        acc.runs += 1
-        acc.turns += kind.turns
+        acc.turns += 1
         acc.cost_usd = _nadd(acc.cost_usd, kind.cost_usd)
         if kind.usage is not None:
             acc.input_tokens = _nadd(acc.input_tokens, kind.usage.input_tokens)
             acc.output_tokens = _nadd(acc.output_tokens, kind.usage.output_tokens)
-    elif isinstance(kind, StatusChanged) and kind.to.terminal:
+    elif isinstance(kind, AgentFinished):
         acc = usage.setdefault((repo, ts[:10]), _UsageAcc())
-        name = kind.to.value
+        acc.runs += 1
+        name = outcome_bucket(kind.outcome)
         setattr(acc, name, getattr(acc, name) + 1)
 
 
@@ -374,7 +483,7 @@ class AppendSkipped(StoreError):
     """An append queued `after` one that failed: nothing of it was written."""
 
 
-def _wrap(e: sqlite3.Error, what: str) -> StoreError:
+def _wrap(e: Exception, what: str) -> StoreError:
     return StoreError(f"sqlite {what} failed: {e}")
 
 
@@ -428,17 +537,18 @@ class SqliteEventStore:
 
     # -- writes --------------------------------------------------------------------------
 
-    async def append_batch(self, events: Sequence[FleetEvent]) -> list[int]:
-        if not events:
+    async def append_batch(
+        self, events: Sequence[FleetEvent], *, cursors: Mapping[str, bytes] | None = None
+    ) -> list[int]:
+        if not events and not cursors:
             return []
-        return await asyncio.wrap_future(self.submit_append(events))
+        if not cursors:  # (a subclass's `submit_append` may not take cursors)
+            return await asyncio.wrap_future(self.submit_append(events))
+        return await asyncio.wrap_future(self.submit_append(events, cursors=cursors))
 
     def batch_submitter(
         self,
-    ) -> (
-        Callable[[Sequence[FleetEvent | EventRun], Future[list[int]] | None], Future[list[int]]]
-        | None
-    ):
+    ) -> Callable[[Sequence[_Entry], Future[list[int]] | None], Future[list[int]]] | None:
         """`submit_append`, unless `append_batch` is customised (by a subclass, or patched on
         the instance): then every append must go through it, so there is no synchronous path.
         Asked again for every batch."""
@@ -449,18 +559,35 @@ class SqliteEventStore:
         return self.submit_append
 
     def submit_append(
-        self, events: Sequence[FleetEvent | EventRun], after: Future[list[int]] | None = None
+        self,
+        events: Sequence[_Entry],
+        after: Future[list[int]] | None = None,
+        *,
+        cursors: Mapping[str, bytes] | None = None,
     ) -> Future[list[int]]:
         """`append_batch`, started right now (synchronously queued to the writer thread): the
         returned future resolves to the ordinals or fails with SeqConflict / StoreError exactly
         like `append_batch`. Lets the emitter hand a batch over without an event-loop turn.
-        Takes `EventRun`s as well as events (a run counts as its events, in order).
+        Takes `EventRun`s as well as events (a run counts as its events, in order), and
+        `CursorMark`s: the `cursors` rows written in the same transaction (the last mark of a
+        key wins; `cursors` after every mark).
 
         `after`: an append submitted earlier; unless it succeeded, this one writes nothing and
         fails with `AppendSkipped` (so a caller can queue the next batch before the previous one
         is known to be committed, and still retry them in order)."""
-        n = sum(len(e) if type(e) is EventRun else 1 for e in events)
-        if n == 0 and after is None:
+        n = 0
+        marks: dict[str, bytes] = {}
+        for e in events:
+            t = type(e)
+            if t is EventRun:
+                n += len(e)  # type: ignore[arg-type]
+            elif t is CursorMark:
+                marks[e.key] = e.data  # type: ignore[union-attr]
+            else:
+                n += 1
+        if cursors:
+            marks.update(cursors)
+        if n == 0 and not marks and after is None:
             done: Future[list[int]] = Future()
             done.set_result([])
             return done
@@ -469,16 +596,16 @@ class SqliteEventStore:
             # Appends run one at a time, in submission order: `after` has finished by now.
             if after is not None and (after.cancelled() or after.exception() is not None):
                 raise AppendSkipped("the previous append did not succeed")
-            if n == 0:
+            if n == 0 and not marks:
                 return []
             try:
                 last = insert(conn)
             except sqlite3.IntegrityError as e:
                 raise SeqConflict(f"(stream_key, seq) already stored: {e}") from e
-            except sqlite3.Error as e:
+            except (sqlite3.Error, UnicodeError) as e:
                 raise _wrap(e, "append") from e
             # Contiguous: the batch was inserted under one write lock (AUTOINCREMENT).
-            return list(range(last - n + 1, last + 1))
+            return list(range(last - n + 1, last + 1)) if n else []
 
         def insert(conn: sqlite3.Connection) -> int:
             # Serialising here keeps the pydantic work off the event loop.
@@ -486,22 +613,27 @@ class SqliteEventStore:
                 self._json = _has_json(conn)
                 self._rows_per_insert = _rows_per_insert(conn)
             blob: bytes | None = None
-            if self._json:
+            rows: list[Any] = []
+            usage_rows: list[Any] = []
+            if n and self._json:
                 blob, usage_rows = _json_rows(events)
-            if blob is None:
+            if n and blob is None:
                 rows, usage_rows = _bound_rows(events)
-            if blob is not None and not usage_rows:
+            if blob is not None and not usage_rows and not marks:
                 # One statement: atomic by itself.
                 cur = conn.execute(_INSERT_JSON_ROWS, (blob,))
                 return cur.lastrowid or 0
             conn.execute("BEGIN IMMEDIATE")
             try:
+                last = 0
                 if blob is not None:
                     last = conn.execute(_INSERT_JSON_ROWS, (blob,)).lastrowid or 0
-                else:
+                elif rows:
                     last = _insert_bound(conn, rows, self._rows_per_insert)
                 if usage_rows:
                     conn.executemany(_UPSERT_USAGE, usage_rows)
+                if marks:
+                    conn.executemany(_UPSERT_CURSOR, [(k, bytes(v)) for k, v in marks.items()])
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -567,11 +699,7 @@ class SqliteEventStore:
 
     async def save_cursor(self, key: str, data: bytes) -> None:
         def job(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO cursors (key, data) VALUES (?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET data = excluded.data",
-                (key, bytes(data)),
-            )
+            conn.execute(_UPSERT_CURSOR, (key, bytes(data)))
 
         try:
             await self._w().run(job)
