@@ -231,7 +231,9 @@ async def test_tiny_ring_without_overlap_reports_a_gap(rig: Rig) -> None:
         scripts.long_script(200, per_turn=50), paused=True, ring_size=8, line_delay=0.0001
     )
     rec = Recorder()
-    driver = NdjsonDriver(rig.target(), rec, OPTS, Metrics())
+    # The driver knows the worker's replay length (caliban's is 1024): an anchor for a
+    # slow-reader hole is looked for within it.
+    driver = NdjsonDriver(rig.target(), rec, OPTS, Metrics(), worker_ring=8)
     async with running(driver) as task:
         await advance(w, 50)
         await wait_until(lambda: driver.cursor.seen == w.lines_emitted, 10)

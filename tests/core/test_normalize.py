@@ -307,8 +307,53 @@ def test_restore_tolerates_garbage() -> None:
         "model": None,
         "pending": {"id": "", "name": "", "fragments": ["x"]},
         "tools": {"b": "B"},
+        "turns": 0,
+        "usage": None,
     }
     n.restore("nonsense")
+
+
+def test_skips_are_tallied_per_reason_for_frames_skipped() -> None:
+    n = Normalizer()
+    for line in [b"not json", b"[1]", b'{"type":"FromTheFuture"}', b"", b"{nope", b"   "]:
+        n.feed(line)
+    n.skipped("oversized")
+    got = {e.reason: e.count for e in n.take_skipped()}
+    assert got == {"malformed": 3, "unknown_type": 1, "oversized": 1}
+    assert n.take_skipped() == []  # taken
+
+
+def test_conclude_closes_open_tools_and_survives_a_restart() -> None:
+    lines = [
+        b'{"type":"TurnStart","turn_index":0,"model":"claude-sonnet-4-6"}',
+        b'{"type":"TurnEnd","turn_index":0,"usage":{"input_tokens":10,"output_tokens":4}}',
+        b'{"type":"TurnStart","turn_index":1,"model":"claude-sonnet-4-6"}',
+        b'{"type":"ToolCallStart","turn_index":1,"tool_use_id":"t1","name":"Read"}',
+        b'{"type":"ToolCallStart","turn_index":1,"tool_use_id":"t2","name":"Bash"}',
+        b'{"type":"ToolCallInputDelta","turn_index":1,"tool_use_id":"t2","partial_json":"{}"}',
+    ]
+    a = Normalizer()
+    for ln in lines:
+        a.feed(ln)
+    b = Normalizer()
+    b.restore(json.loads(json.dumps(a.state())))
+    out = b.conclude("crashed", "the worker exited (failed) without ending its run")
+    assert [e.kind for e in out] == [
+        "tool_started",
+        "tool_finished",
+        "tool_finished",
+        "agent_finished",
+    ]
+    assert {(e.id, e.ok) for e in out if isinstance(e, ToolFinished)} == {
+        ("t1", False),
+        ("t2", False),
+    }
+    end = out[-1]
+    assert isinstance(end, AgentFinished)
+    assert (end.outcome, end.turns, end.model) == ("crashed", 1, "claude-sonnet-4-6")
+    assert end.usage == Usage(input_tokens=10, output_tokens=4)
+    assert end.detail and "failed" in end.detail
+    assert b.conclude("crashed", "again")[-1].kind == "agent_finished"  # the caller guards
 
 
 def test_parse_usage() -> None:

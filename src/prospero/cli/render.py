@@ -484,8 +484,17 @@ class FollowRenderer:
         elif kind == "stream_gap":
             missing = k.get("missing")
             what = f"{missing} lines lost" if missing is not None else "possible data loss"
+            if k.get("reason") == "ambiguous_overlap" and missing is not None:
+                what = f"up to {missing} lines lost"
             detail = f": {k['detail']}" if k.get("detail") else ""
             self.line(Text(f"[stream_gap] {what}{detail}", style="yellow"))
+        elif kind == "frames_skipped":
+            self.line(
+                Text(
+                    f"[skipped] {k.get('count', '?')} {k.get('reason') or 'unreadable'} line(s)",
+                    style="yellow",
+                )
+            )
         elif kind == "turn_lost":
             turn = k.get("turn")
             label = turn + 1 if isinstance(turn, int) else "?"

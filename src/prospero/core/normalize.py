@@ -14,7 +14,10 @@ fills those fields from the frames that carry them:
   never a fake 0).
 
 It is stateful (one per agent), works on plain dicts parsed with orjson, and never raises on
-bad input: non-JSON lines and unknown frames are counted in metrics, logged and skipped.
+bad input: non-JSON lines and unknown frames are counted in metrics, logged and skipped; the
+skips are also tallied per reason for `take_skipped()`, which the driver turns into coalesced
+`frames_skipped` events. `conclude()` ends a run that never reached its `RunEnd` (the worker
+died): open tool calls are closed as failed and `agent_finished` carries the given outcome.
 `state()` / `restore()` carry the state across a daemon restart (the NDJSON driver persists it
 with its line cursor).
 """
@@ -36,6 +39,7 @@ from prospero.types.events import (
     AgentFinished,
     CompactKind,
     EventKind,
+    FramesSkipped,
     ToolFinished,
     ToolResult,
     ToolStarted,
@@ -171,6 +175,9 @@ class Normalizer:
         self._model: str | None = None  # model of the latest TurnStart (the run's model)
         self._pending: _PendingTool | None = None
         self._tool_names: dict[str, str] = {}
+        self._turns = 0  # TurnEnd frames seen (for a run concluded without RunEnd)
+        self._usage: Usage | None = None  # sum of the turns' usage
+        self._skipped: dict[str, int] = {}  # reason -> lines skipped since take_skipped()
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -230,6 +237,7 @@ class Normalizer:
                 frame = json.loads(line)
             except (ValueError, RecursionError):
                 self.metrics.inc(MALFORMED_LINES)
+                self.skipped("malformed")
                 log.warning("skipping a non-JSON line (%d bytes): %s", len(line), e)
                 return []
         return self._feed_parsed(frame)
@@ -239,6 +247,7 @@ class Normalizer:
             return self.feed_frame(frame)
         except Exception:  # defensive: a normaliser bug must not kill the stream
             self.metrics.inc(MALFORMED_LINES)
+            self.skipped("malformed")
             log.exception("normaliser failed on a frame; skipped")
             return []
 
@@ -247,6 +256,7 @@ class Normalizer:
         if not isinstance(frame, dict):
             out = self.flush()
             self.metrics.inc(UNKNOWN_FRAMES)
+            self.skipped("malformed")
             log.debug("frame is not a JSON object (%s); skipped", type(frame).__name__)
             return out
         kind = frame.get("type")
@@ -293,6 +303,9 @@ class Normalizer:
                 self._model = model
         elif kind == "TurnEnd":
             usage = parse_usage(frame.get("usage"))
+            self._turns += 1
+            if usage is not None:
+                self._usage = usage if self._usage is None else self._usage.plus(usage)
             stop_reason = frame.get("stop_reason")
             out.append(
                 TurnFinished(
@@ -319,6 +332,7 @@ class Normalizer:
             self._tool_names.clear()
         else:
             self.metrics.inc(UNKNOWN_FRAMES)
+            self.skipped("unknown_type")
             log.debug("unknown frame type %r skipped", kind)
         return out
 
@@ -332,6 +346,45 @@ class Normalizer:
             ToolStarted(id=pending.id, name=pending.name, input=_parse_input(pending.fragments))
         ]
 
+    def skipped(self, reason: str, count: int = 1) -> None:
+        """Tally `count` skipped source lines (see `take_skipped`)."""
+        self._skipped[reason] = self._skipped.get(reason, 0) + count
+
+    def take_skipped(self) -> list[FramesSkipped]:
+        """One coalesced `frames_skipped` per reason tallied since the last call."""
+        if not self._skipped:
+            return []
+        out = [FramesSkipped(count=n, reason=r) for r, n in self._skipped.items()]
+        self._skipped = {}
+        return out
+
+    def conclude(self, outcome: str, detail: str) -> list[EventKind]:
+        """End a run that never reached its `RunEnd`: the held-back `tool_started` (if any),
+        `tool_finished{ok: false}` for every tool call still open, then `agent_finished` with
+        `outcome` and `detail` and the usage of the turns that did end."""
+        out = self.flush()
+        for tool_id, name in self._tool_names.items():
+            out.append(
+                ToolFinished(
+                    id=tool_id,
+                    name=name,
+                    ok=False,
+                    result=ToolResult(text=f"the run ended before the tool finished: {detail}"),
+                )
+            )
+        self._tool_names.clear()
+        out.append(
+            AgentFinished(
+                outcome=outcome,
+                cost_usd=self.rate_card.cost(self._model, self._usage),
+                turns=self._turns,
+                usage=self._usage,
+                model=self._model,
+                detail=detail,
+            )
+        )
+        return out
+
     # ---- persistence ------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
@@ -343,6 +396,8 @@ class Normalizer:
             if pending is None
             else {"id": pending.id, "name": pending.name, "fragments": list(pending.fragments)},
             "tools": dict(self._tool_names),
+            "turns": self._turns,
+            "usage": None if self._usage is None else self._usage.model_dump(),
         }
 
     def restore(self, state: Any) -> None:
@@ -364,6 +419,8 @@ class Normalizer:
             if isinstance(tools, dict)
             else {}
         )
+        self._turns = _int(state.get("turns"))
+        self._usage = parse_usage(state.get("usage"))
 
     # ---- internals --------------------------------------------------------------------------
 

@@ -117,6 +117,9 @@ class TurnFinished(_Kind):
 
 class AgentFinished(_Kind):
     kind: Literal["agent_finished"] = "agent_finished"
+    # The StopCondition name of the run's `RunEnd` (e.g. "EndOfTurn"), or, for a run that
+    # never ended on the wire, "crashed" (the worker died without RunEnd; `detail` says how)
+    # or "killed".
     outcome: str = ""
     # null = not reported / not priced (no rate for the model); never a fake 0.
     cost_usd: float | None = None
@@ -146,9 +149,25 @@ class StreamGap(_Kind):
     """Prospero addition: the driver could not prove continuity; data may have been lost."""
 
     kind: Literal["stream_gap"] = "stream_gap"
-    # Number of lost source lines when known, else null.
+    # Number of lost source lines when known (an upper bound when `reason` says so, e.g.
+    # "ambiguous_overlap"), else null.
     missing: int | None = None
     detail: str = ""
+    # Why continuity could not be proven: "no_overlap" (lines produced while detached left
+    # the worker's replay), "ambiguous_overlap" (several replay alignments verified; `missing`
+    # bounds the lines possibly lost), "slow_reader" (the worker dropped lines for a slow
+    # reader), "transcript_mismatch", "worker_exited" ...; null in rows stored before it.
+    reason: str | None = None
+
+
+class FramesSkipped(_Kind):
+    """Prospero addition: `count` source lines were skipped for `reason` ("malformed": not a
+    JSON object; "oversized": over the 1 MiB line limit; "unknown_type": a frame type this
+    Prospero does not know). Coalesced: one event per reason per read of the stream."""
+
+    kind: Literal["frames_skipped"] = "frames_skipped"
+    count: int = 0
+    reason: str = ""
 
 
 class TurnLost(_Kind):
@@ -231,6 +250,7 @@ EventKind = Annotated[
     | StorePersistFailed
     | RepoHealth
     | StreamGap
+    | FramesSkipped
     | TurnLost
     | DecisionPending
     | DecisionResolved,

@@ -7,18 +7,24 @@ EventSink and accept the same steering calls; they differ only inside their own 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from prospero.core import metrics as m
+from prospero.core.errors import ProsperoError
 from prospero.core.metrics import Metrics
 from prospero.core.ratecard import RateCard
-from prospero.core.transport import NetworkSecurity
+from prospero.core.transport import NetworkSecurity, open_endpoint
 from prospero.core.wire.control import Endpoint, SpawnSpec
 from prospero.types.events import EventKind
+from prospero.types.model import AgentMeta, AgentStatus
+
+log = logging.getLogger(__name__)
 
 EventSink = Callable[[EventKind], Awaitable[None]]
 """Receives normalised events in wire order; the FleetManager sequences and stores them."""
@@ -82,6 +88,10 @@ class DriverOptions:
     max_failures: int = 8
 
 
+def _unknown_status() -> AgentStatus | None:
+    return None
+
+
 @dataclass
 class DriverTarget:
     agent_id: str
@@ -92,8 +102,13 @@ class DriverTarget:
     spec: SpawnSpec | None = None
     working_dir: str = ""
     # The agent's store dir; when it is readable here (a local caliband), its `stdout.ndjson`
-    # transcript lets a driver recover lines the socket can no longer serve.
+    # transcript lets a driver recover lines the socket can no longer serve. The manager may
+    # fill it in after construction (a spawn's provisional record has none): read it at use.
     session_dir: str = ""
+    # Prospero's own metadata of the agent (posture, requested protocol, spawned here).
+    meta: AgentMeta | None = None
+    # caliband's last-known status of the agent (the manager's registry); None when unknown.
+    status: Callable[[], AgentStatus | None] = _unknown_status
 
 
 @runtime_checkable
@@ -121,5 +136,177 @@ class AgentDriver(Protocol):
         worker may be listening now, or gone with its transcript complete)."""
         ...
 
+    async def conclude(self, outcome: str, detail: str) -> None:
+        """End the agent's history by itself: close its open tool calls
+        (`tool_finished{ok: false}`) and emit `agent_finished{outcome, detail}`. Idempotent (a
+        no-op once finished). The manager calls it when it closes the driver of a terminal
+        agent whose run never ended on the wire."""
+        ...
+
     @property
     def finished(self) -> bool: ...
+
+
+def concluding_outcome(status: AgentStatus | None) -> str:
+    """The `agent_finished.outcome` of a run that ended without its terminal frame."""
+    return "killed" if status is AgentStatus.killed else "crashed"
+
+
+class ReconnectingDriver:
+    """The outer reconnect loop every data-path driver shares (NdjsonDriver, AcpDriver).
+
+    Subclasses provide `_load_state()` (once per driver life), `_connection()` (one dial and
+    read; True when it made progress, which resets the failure count), `_conclude()` (emit the
+    closing events of a run that never ended) and may override `_recover_after_exit()` (read
+    what the socket can no longer serve, e.g. the transcript) and `_after_terminal()`.
+
+    One order of checks everywhere: terminal first (a finished run reads `finished` whatever
+    else happened), then closing. A connection that ends without the terminal event while the
+    agent's status is terminal (the worker is gone) is followed by `_recover_after_exit()` and,
+    if the run still has not ended, by `conclude()` with `crashed` (or `killed`): the driver
+    returns `finished` promptly instead of waiting out its reconnect budget.
+    """
+
+    protocol: str = ""
+
+    def __init__(self, target: DriverTarget, options: DriverOptions, metrics: Metrics) -> None:
+        self.target = target
+        self.options = options
+        self.metrics = metrics
+        self._terminal = False
+        self._closing = False
+        self._close_event = asyncio.Event()
+        self._retry_now = asyncio.Event()  # nudge(): end a reconnect backoff
+        self._last_error: str | None = None
+        self._state_loaded = False
+        self.connections = 0
+
+    # ---- hooks ----------------------------------------------------------------------------
+
+    async def _load_state(self) -> None:
+        """Load persisted resume state (called once, by the first run)."""
+
+    async def _connection(self) -> bool:
+        raise NotImplementedError
+
+    async def _recover_after_exit(self) -> None:
+        """The worker is gone: recover what it left (called before concluding)."""
+
+    async def _after_terminal(self) -> None:
+        """The connection that carried the terminal event ended."""
+
+    async def _conclude(self, outcome: str, detail: str) -> None:
+        raise NotImplementedError
+
+    def _dial_failed(self, exc: BaseException) -> None:
+        if isinstance(exc, ProsperoError | OSError | ValueError):
+            log.info("agent %s: cannot attach: %s", self.target.agent_id, exc)
+        else:
+            log.warning("agent %s: cannot attach: %r", self.target.agent_id, exc)
+
+    # ---- shared behaviour -----------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """The terminal `agent_finished` has been emitted."""
+        return self._terminal
+
+    def nudge(self) -> None:
+        """The agent's status changed: end a reconnect backoff now."""
+        self._retry_now.set()
+
+    def agent_status(self) -> AgentStatus | None:
+        """caliband's last-known status of the agent (None when unknown)."""
+        try:
+            return self.target.status()
+        except Exception:  # a registry lookup must never break the stream
+            return None
+
+    async def conclude(self, outcome: str, detail: str) -> None:
+        if self._terminal:
+            return
+        await self._conclude(outcome, detail)
+
+    async def _reconnect_loop(self) -> DriverExit:
+        if not self._state_loaded:
+            self._state_loaded = True
+            await self._load_state()
+        failures = 0
+        while True:
+            if self._terminal:
+                return DriverExit.finished
+            if self._closing:
+                return DriverExit.closed
+            progress = await self._connection()
+            if self._terminal:
+                await self._after_terminal()
+                return DriverExit.finished
+            if self._closing:
+                return DriverExit.closed
+            if progress:
+                failures = 0
+            status = self.agent_status()
+            if status is not None and status.terminal:
+                await self._recover_after_exit()
+                if not self._terminal and not self._closing:
+                    log.info(
+                        "agent %s: the worker is gone (%s) and its run never ended on the "
+                        "wire; concluding it",
+                        self.target.agent_id,
+                        status.value,
+                    )
+                    await self.conclude(
+                        concluding_outcome(status),
+                        f"the worker exited ({status.value}) without ending its run"
+                        + (f"; last error: {self._last_error}" if self._last_error else ""),
+                    )
+                continue
+            failures += 1
+            if failures >= self.options.max_failures:
+                log.warning(
+                    "agent %s: giving up after %d consecutive failed connections%s",
+                    self.target.agent_id,
+                    failures,
+                    f" (last error: {self._last_error})" if self._last_error else "",
+                )
+                return DriverExit.gave_up
+            await wait_before_retry(
+                self.target.agent_id,
+                failures,
+                self.options,
+                self.metrics,
+                self._close_event,
+                self._retry_now,
+            )
+
+    async def _dial(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """Resolve and dial, abandoned as soon as close() is called. None on failure."""
+
+        async def attempt() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            endpoint = await self.target.resolve_endpoint()
+            return await open_endpoint(endpoint, self.target.security)
+
+        task = asyncio.create_task(attempt())
+        closer = asyncio.create_task(self._close_event.wait())
+        try:
+            await asyncio.wait({task, closer}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # run() itself was cancelled: leave nothing behind
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait({task})
+            if task.done() and not task.cancelled() and task.exception() is None:
+                task.result()[1].transport.abort()
+            raise
+        finally:
+            closer.cancel()
+        if not task.done():  # close() won the race
+            task.cancel()
+            await asyncio.wait({task})
+        if task.cancelled():
+            return None
+        exc = task.exception()
+        if exc is not None:
+            self._last_error = str(exc) or type(exc).__name__
+            self._dial_failed(exc)
+            return None
+        return task.result()

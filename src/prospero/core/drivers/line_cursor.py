@@ -7,39 +7,53 @@ lines from the first one, which skips genuinely new lines once a run exceeds 102
 `LineCursor` instead remembers how many lines it has consumed (`seen`) and a stable digest of
 each of the last `window` (>= the worker's 1024) lines. A new connection's first lines are
 matched against the candidates "the replay starts at my line s" for
-s in [max(1, seen - held + 1), seen + 1]: candidate s predicts that incoming line i equals held
-line s + i for every i < overlap(s) = seen - s + 1. Candidates die on the first contradiction.
+s in [max(1, seen - held + 1, seen - ring + 1), seen + 1] (a replay is at most `ring` lines):
+candidate s predicts that incoming line i equals held line s + i for every
+i < overlap(s) = seen - s + 1. Candidates die on the first contradiction.
 The longest-overlap candidate still alive wins as soon as it is fully verified (so every longer
 candidate has died); the buffered lines beyond its overlap are new and are released in order.
 If every overlapping candidate dies, the replay does not overlap what we hold: lines were lost
 while we were away, a `Gap` is reported before the (new) incoming lines.
 
-Why the longest: the true candidate never dies, so the chosen overlap is never shorter than the
-true one and a line is never delivered twice.
+Why the longest: the true candidate never dies (unless what we hold has a hole, below), so the
+chosen overlap is never shorter than the true one and a line is never delivered twice.
+
+Ambiguity is never silent. When the longest candidate is verified while shorter ones are still
+alive (the stream repeats with some period over the overlap: identical or periodic lines), the
+true overlap is one of the survivors; the longest is taken (never a duplicate) and a `Gap` with
+reason `ambiguous_overlap` and `missing` = longest - shortest surviving overlap (the upper bound
+of the lines possibly taken for replayed ones) precedes the new lines. Where the agent's
+transcript is readable the driver does not rely on this at all: it reads lines by position from
+`stdout.ndjson` (see `transcript`), which is exact.
+
+Lines the worker drops for a slow reader *inside* a connection (broadcast lag) leave a hole in
+what we hold; a later replay covering the hole contradicts the true candidate (and with
+repeating lines a shorter, coincidental one may survive). So when every candidate dies, or one
+dies after verifying `SUSPECT_RUN` lines, the cursor looks for its last held line inside the
+replay (an anchor) and accepts a copy only where the replay is what we hold with at most one
+hole (`_fit`): the lines after the anchor are new, and a `Gap` with reason `slow_reader` stands
+for the hole. The anchor is taken at once when our last line is unique in what we hold, else
+once the whole replay (`ring` lines) has been seen, at the latest fitting copy (never a
+duplicate). Without an anchor within `ring` lines the replay does not overlap: `no_overlap`.
 
 Remaining ambiguity (documented, inherent to a wire without line numbers):
 
-- Periodic streams. A longer candidate than the true one survives only if the stream repeats
-  with some period d over the whole overlap (e.g. > 1000 identical consecutive lines). Then the
-  cursor waits for it to die; if it never does (the stream keeps repeating, or the connection
-  ends first) the lines of that connection stay undecided; if it is verified, d genuinely new
-  (identical) lines are taken for replayed ones and dropped. Never a duplicate, but possibly a
-  silent loss of repeated lines in this pathological case.
 - A replay that begins, by coincidence, with a copy of our last few lines although lines were
   lost in between is taken for an overlap (the gap goes unreported). This needs both a real loss
-  (> 1024 lines produced while detached) and repeated lines at exactly the boundary.
+  (> 1024 lines produced while detached) and repeated lines at exactly the boundary. The same
+  holds for an ambiguous overlap: its bound assumes the replay does overlap.
 - A zero-overlap replay is reported as a gap even in the boundary case where exactly 1024 lines
   were produced while detached (contiguous, nothing lost): from the lines alone the two cases
   are indistinguishable, so the count of missing lines is unknown (`missing=None`).
-- Lines the worker drops for a slow reader *inside* a connection (broadcast lag) leave a hole in
-  what we hold; a later replay covering the hole disagrees with us and is handled as a gap, so
-  lines after the hole may then be delivered again.
+- A slow-reader hole that has already left the worker's ring when we reconnect, or with no
+  reconnect after it, or whose length is a multiple of the stream's period, is not detectable on
+  the socket (the transcript path has no holes).
 - With nothing held yet (`seen == 0`, the first connection) every line is new; lines that had
   already left the worker's ring before that first connection cannot be noticed. Prospero
   attaches right after spawn, so in practice the first replay starts at line 1.
-- If a connection ends before the winning candidate is verified, its buffered lines are
-  discarded undecided (they are all old under the surviving longest candidate) and the next
-  connection's replay decides again.
+- If a connection ends before the winning candidate (or an anchor) is verified, its buffered
+  lines are discarded undecided (they are all old under the surviving longest candidate) and
+  the next connection's replay decides again.
 """
 
 from __future__ import annotations
@@ -54,6 +68,14 @@ P = TypeVar("P")
 DIGEST_SIZE = 8
 DEFAULT_WINDOW = 2048
 WORKER_RING = 1024
+# Held lines the transcript re-base looks for (the end of what we hold).
+ANCHOR_LINES = 16
+# A candidate that dies after verifying this many replay lines suggests a hole in what we hold.
+SUSPECT_RUN = 4
+
+NO_OVERLAP = "no_overlap"
+AMBIGUOUS_OVERLAP = "ambiguous_overlap"
+SLOW_READER = "slow_reader"
 
 
 def line_digests(lines: list[bytes]) -> list[bytes]:
@@ -78,10 +100,12 @@ class NewLine(Generic[P]):
 
 @dataclass(frozen=True, slots=True)
 class Gap:
-    """The replay did not overlap what we hold: `missing` lines (None = unknown) were lost."""
+    """Continuity not proven: `missing` lines (None = unknown; an upper bound for
+    `ambiguous_overlap`) may have been lost, for `reason`."""
 
     missing: int | None
     detail: str
+    reason: str = NO_OVERLAP
 
 
 class LineCursor(Generic[P]):
@@ -91,15 +115,24 @@ class LineCursor(Generic[P]):
     the `NewLine`s / `Gap` now decided, in order), `end_connection()` at EOF or error.
     """
 
-    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, window: int = DEFAULT_WINDOW, ring: int = WORKER_RING) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
+        if ring < 1:
+            raise ValueError("ring must be >= 1")
         self.window = window
+        self.ring = ring  # the worker's replay length (caliban: 1024)
         self._seen = 0
         self._held: list[bytes] = []  # digests of lines seen-len+1 .. seen
         self._matching = False
         self._buf: list[tuple[bytes, P]] = []
         self._alive: list[int] = []  # candidate replay starts (absolute, ascending), overlap > 0
+        # Anchor search (every candidate died): where our last held line occurs in the replay.
+        self._anchoring = False
+        self._last_unique = False  # our last line occurs once in what we hold
+        self._anchors: list[int] = []  # buffer indexes holding a copy of our last line
+        self._deaths: dict[int, int] = {}  # candidate start -> replay lines it verified
+        self._suspect = False  # a candidate died after verifying SUSPECT_RUN lines
 
     # ---- inspection ---------------------------------------------------------------------------
 
@@ -124,13 +157,40 @@ class LineCursor(Generic[P]):
 
     # ---- connection lifecycle -----------------------------------------------------------------
 
+    @property
+    def anchoring(self) -> bool:
+        """True while every overlap candidate died and the cursor looks for its anchor."""
+        return self._matching and self._anchoring
+
+    def held_digests(self) -> list[bytes]:
+        """Digests of the held lines, oldest first (lines seen-held+1 .. seen)."""
+        return self._held[-self.window :]
+
     def begin_connection(self) -> None:
         if len(self._held) > self.window:
             del self._held[: len(self._held) - self.window]
-        self._buf = []
-        self._alive = []
+        self._reset_matching()
         # Nothing held: every line is new (the first connection, or a fresh cursor).
         self._matching = self._seen > 0
+
+    def commit_many(self, digests: list[bytes]) -> None:
+        """Take lines as new without matching (their position is known: the transcript)."""
+        if self._matching:
+            raise RuntimeError("commit_many while a replay is being matched")
+        self._seen += len(digests)
+        held = self._held
+        held.extend(digests)
+        if len(held) > 2 * self.window:
+            del held[: len(held) - self.window]
+
+    def rebase(self, seen: int, digests: list[bytes]) -> None:
+        """Continue from line `seen` whose last lines have `digests` (from the transcript,
+        when what we hold turned out to have a hole)."""
+        if len(digests) > seen:
+            raise ValueError("more digests than lines")
+        self._seen = seen
+        self._held = list(digests[-self.window :])
+        self._reset_matching()
 
     def push(self, digest: bytes, payload: P) -> list[NewLine[P] | Gap]:
         if not self._matching:
@@ -138,18 +198,43 @@ class LineCursor(Generic[P]):
             return [NewLine(payload)]
         i = len(self._buf)
         self._buf.append((digest, payload))
+        if self._anchoring:
+            return self._anchor_step(i, digest)
         held = self._held
         seen = self._seen
         first = seen - len(held) + 1  # absolute number of held[0]
         if i == 0:
-            self._alive = [first + j for j, d in enumerate(held) if d == digest]
+            # A replay is at most `ring` lines, so no true overlap is longer than that.
+            lo = max(0, len(held) - self.ring)
+            self._alive = [first + j for j in range(lo, len(held)) if held[j] == digest]
+            self._deaths = {}
         else:
-            self._alive = [s for s in self._alive if s + i > seen or held[s + i - first] == digest]
-        if not self._alive:
-            return self._decide(0)
+            prev = self._alive
+            alive = [s for s in prev if s + i > seen or held[s + i - first] == digest]
+            if len(alive) != len(prev):
+                for s in set(prev).difference(alive):
+                    self._deaths[s] = i
+                if i >= SUSPECT_RUN:
+                    self._suspect = True
+            self._alive = alive
+        if not self._alive or self._suspect:
+            if not held:
+                return self._decide(0)
+            # Every candidate died, or one died after verifying a run of lines: a hole (slow
+            # reader) in what we hold, or no overlap at all. A survivor may be a coincidence
+            # of repeating lines, so look for where our last line really is.
+            self._anchoring = True
+            self._last_unique = held.count(held[-1]) == 1
+            out: list[NewLine[P] | Gap] = []
+            for idx in range(i + 1):  # the anchor may already be in the buffer
+                out = self._anchor_step(idx, self._buf[idx][0])
+                if out or not self._matching:
+                    break
+            return out
         longest = seen - self._alive[0] + 1
         if len(self._buf) >= longest:
-            return self._decide(longest)
+            shortest = seen - self._alive[-1] + 1
+            return self._decide(longest, shortest)
         return []
 
     def push_many(self, digests: list[bytes], payloads: list[P]) -> tuple[Gap | None, list[P]]:
@@ -186,11 +271,28 @@ class LineCursor(Generic[P]):
                 out = payloads[i:] if i else list(payloads)
         return gap, out
 
+    def settle(self) -> tuple[Gap | None, list[P]]:
+        """The connection has gone quiet while the anchor is looked for: the whole replay is
+        in (a worker writes it at once), so decide with what is buffered, as `_anchor_step`
+        does at `ring` lines. A no-op unless `anchoring`."""
+        if not self.anchoring:
+            return None, []
+        if self._anchors:
+            fits = [(p, h) for p in self._anchors if (h := self._fit(p)) is not None]
+            if fits:
+                p, hole = fits[-1]
+                items = self._decide_anchor(p, hole, exact=len(fits) == 1 and self._last_unique)
+            else:
+                items = self._decide_anchor(self._anchors[-1], None, exact=False)
+        else:
+            items = self._decide(0)
+        gap = next((x for x in items if isinstance(x, Gap)), None)
+        return gap, [x.payload for x in items if isinstance(x, NewLine)]
+
     def end_connection(self) -> int:
         """The connection ended. Returns how many undecided lines were discarded."""
         dropped = len(self._buf) if self._matching else 0
-        self._buf = []
-        self._alive = []
+        self._reset_matching()
         self._matching = False
         return dropped
 
@@ -222,8 +324,7 @@ class LineCursor(Generic[P]):
             raise ValueError("cursor holds more digests than lines seen")
         self._seen = seen
         self._held = held[-self.window :]
-        self._buf = []
-        self._alive = []
+        self._reset_matching()
         self._matching = False
 
     # ---- internals ----------------------------------------------------------------------------
@@ -234,7 +335,90 @@ class LineCursor(Generic[P]):
         if len(self._held) > 2 * self.window:
             del self._held[: len(self._held) - self.window]
 
-    def _decide(self, overlap: int) -> list[NewLine[P] | Gap]:
+    def _reset_matching(self) -> None:
+        self._buf = []
+        self._alive = []
+        self._anchoring = False
+        self._anchors = []
+        self._deaths = {}
+        self._suspect = False
+
+    def _anchor_step(self, i: int, digest: bytes) -> list[NewLine[P] | Gap]:
+        """Buffer line `i` arrived while looking for the anchor: decide if we can.
+
+        An anchor is a copy of our last held line at replay index p < ring. It *fits* when
+        the replay up to it is what we hold with at most one hole: the `sc` lines before it
+        match our last `sc` lines and either that reaches the replay's start (a plain overlap,
+        no hole) or the replay's start matches our held lines at the offset that leaves
+        `L >= 1` lines between (the hole). A fitting anchor is taken at once when our last
+        line is unique in what we hold and no other copy was seen; otherwise the whole replay
+        is awaited and the latest fitting anchor (else the latest copy at all) is taken:
+        never a duplicate, and the possible loss is reported."""
+        held = self._held
+        if i < self.ring and digest == held[-1]:
+            self._anchors.append(i)
+            if self._last_unique and len(self._anchors) == 1:
+                hole = self._fit(i)
+                if hole is not None:
+                    return self._decide_anchor(i, hole, exact=True)
+        if len(self._buf) >= self.ring:
+            if not self._anchors:
+                return self._decide(0)
+            fits = [(p, h) for p in self._anchors if (h := self._fit(p)) is not None]
+            if fits:
+                p, hole = fits[-1]
+                return self._decide_anchor(p, hole, exact=len(fits) == 1)
+            return self._decide_anchor(self._anchors[-1], None, exact=False)
+        return []
+
+    def _fit(self, p: int) -> int | None:
+        """0 if the replay up to index p is exactly our last p+1 lines; the hole length L if
+        it is our held lines with one hole of L lines (see `_anchor_step`); else None."""
+        held = self._held
+        buf = self._buf
+        n = len(held)
+        sc = 0
+        while sc <= p and sc < n and buf[p - sc][0] == held[-1 - sc]:
+            sc += 1
+        if sc == p + 1:
+            return 0
+        first = self._seen - n + 1
+        best: int | None = None
+        for start, verified in self._deaths.items():
+            d = start - first  # held index of the replay's first line under this candidate
+            hole = d - n + 1 + p
+            before = n - sc - d  # replay lines before the hole
+            if hole >= 1 and before >= 1 and verified >= before:
+                best = hole if best is None else min(best, hole)
+        return best
+
+    def _decide_anchor(self, at: int, hole: int | None, *, exact: bool) -> list[NewLine[P] | Gap]:
+        """Our last held line is buffer line `at`; `hole` lines (None: unknown) are missing
+        before it in what we hold; `exact` when no other reading of the replay fits."""
+        out: list[NewLine[P] | Gap] = []
+        if not (exact and hole == 0):
+            reason = AMBIGUOUS_OVERLAP if hole == 0 else SLOW_READER
+            out.append(
+                Gap(
+                    missing=hole if exact else None,
+                    detail=(
+                        "the agent's replay disagrees with the lines we hold (the worker drops "
+                        "lines for a slow reader, or its lines repeat); continuing after our "
+                        f"last line, found {at + 1} lines into the replay"
+                        + ("" if exact else "; other readings fit too, so lines may be lost")
+                    ),
+                    reason=reason,
+                )
+            )
+        buf = self._buf
+        self._reset_matching()
+        self._matching = False
+        for digest, payload in buf[at + 1 :]:
+            self._commit(digest)
+            out.append(NewLine(payload))
+        return out
+
+    def _decide(self, overlap: int, shortest: int | None = None) -> list[NewLine[P] | Gap]:
         out: list[NewLine[P] | Gap] = []
         if overlap == 0:
             out.append(
@@ -243,13 +427,26 @@ class LineCursor(Generic[P]):
                     detail=(
                         f"reconnected after {self._seen} lines but the agent's replay does not "
                         f"overlap them; lines produced while detached were lost (the worker "
-                        f"replays only its last {WORKER_RING} lines)"
+                        f"replays only its last {self.ring} lines)"
                     ),
+                    reason=NO_OVERLAP,
+                )
+            )
+        elif shortest is not None and shortest < overlap:
+            out.append(
+                Gap(
+                    missing=overlap - shortest,
+                    detail=(
+                        f"the agent's replay overlaps our last {overlap} lines as well as our "
+                        f"last {shortest} (its lines repeat); taking the longest overlap, so up "
+                        f"to {overlap - shortest} new lines may have been taken for replayed "
+                        f"ones"
+                    ),
+                    reason=AMBIGUOUS_OVERLAP,
                 )
             )
         buf = self._buf
-        self._buf = []
-        self._alive = []
+        self._reset_matching()
         self._matching = False
         for digest, payload in buf[overlap:]:
             self._commit(digest)

@@ -1,40 +1,43 @@
 """NdjsonDriver: one caliban agent's TurnEvent stream over its per-agent socket (§4, §6.4).
 
 Per connection: resolve the endpoint (caliband `attach`), dial (Unix, or TCP+TLS+bearer), read
-lines. Every line goes through a `LineCursor`, which recognises the worker's replay of lines
-already consumed (exactly, also past the 1024-line replay window, see `line_cursor`); only new
-lines reach the `Normalizer`, whose events are awaited into the sink in wire order.
+lines. Where the agent's transcript (`<session_dir>/stdout.ndjson`) is readable here and its
+lines up to our position have the digests we hold, the connection runs in *transcript tail
+mode*: lines are taken by position from the file (exact: no replay matching, no slow-reader
+holes), and the socket is kept open only to learn of new lines and of the worker's exit (an
+open connection also keeps the worker's idle timer reset). Otherwise every socket line goes
+through a `LineCursor`, which recognises the worker's replay of lines already consumed (past
+the 1024-line replay window too) and reports every loss it cannot rule out as a `stream_gap`
+with a reason (`no_overlap`, `ambiguous_overlap`, `slow_reader`). Only new lines reach the
+`Normalizer`, whose events are awaited into the sink in wire order; skipped lines (malformed,
+oversized, unknown frame types) become coalesced `frames_skipped` events.
 
-The stream is read in large chunks (`LineReader`: same lines, 1 MiB limit and cut-off-tail
-rule as `read_line`), and a whole read is handled synchronously: one cursor pass, one
-normaliser pass, then one `emit_batch` call when the sink has that batch path (the
-FleetManager's does; one timestamp per read), else one await per event with each line consumed
-only once the previous line's events were taken, as before. After each read the driver yields
-to the loop, so a replay backlog never monopolises it.
+The stream is read in large chunks and a whole read is handled synchronously: one cursor pass,
+one normaliser pass, then one `emit_batch` call when the sink has that batch path (the
+FleetManager's does), else one await per event with each line consumed only once the previous
+line's events were taken. After each read the driver yields to the loop.
 
-Reconnects after EOF without a terminal `agent_finished`, or a connect/read error, with backoff
-`min(cap, base * 2^attempt) * jitter[0.5, 1.0)` (jitter a deterministic hash of agent id and
-attempt). `max_failures` consecutive failures (a connection that delivers a new line resets
-the count) end `run()` with `gave_up`; state is kept, so a later `run()` continues exactly.
-EOF (or any connection end) after the terminal event ends with `finished`; `close()` ends with
-`closed` between lines.
+The outer loop (backoff, failure budget, closing/terminal checks) is `ReconnectingDriver`'s.
+When the agent is gone (its status terminal, the endpoint refused or at EOF) and the run never
+ended on the wire, the transcript is read to its end at once; if it holds no `RunEnd` either,
+the driver concludes the run itself (`agent_finished{outcome: crashed | killed}`, open tool calls
+closed) and returns `finished`.
 
-Resume state (line cursor + normaliser state + terminal flag) is persisted through an optional
-`CursorStore` (the EventStore implements it): in the background while lines flow, at the end
-of every connection and when `run()` returns, and loaded by the first `run()`, so a restarted
-prosperod neither re-emits history nor loses its place. State is only ever saved between lines
-whose events have all been handed to the sink; after a crash of the process the events since
-the last save (at most ~`save_interval` seconds' worth) may be emitted again.
+Resume state (line cursor + normaliser state + terminal flag) is persisted. A sink whose
+`emit_batch` takes `cursor=` gets the full snapshot with every batch, so the store commits the
+cursor in the same transaction as the events it covers: a restarted prosperod re-emits nothing
+already stored. Other sinks use the `CursorStore` (periodically and at the end of every
+connection; after a crash up to ~`save_interval` seconds of events may repeat).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, Protocol, cast
 
 import orjson
@@ -47,25 +50,26 @@ from prospero.core.drivers.base import (
     DriverOptions,
     DriverTarget,
     EventSink,
-    wait_before_retry,
+    ReconnectingDriver,
 )
 from prospero.core.drivers.line_cursor import (
     DEFAULT_WINDOW,
+    WORKER_RING,
     Gap,
     LineCursor,
     line_digest,
     line_digests,
 )
-from prospero.core.errors import ProsperoError, Unsupported
+from prospero.core.drivers.ndjson_transcript import TranscriptReading
+from prospero.core.drivers.transcript import Transcript, digests_of
+from prospero.core.errors import Unsupported
 from prospero.core.metrics import Metrics
 from prospero.core.normalize import Normalizer
 from prospero.core.transport import (
     MAX_LINE,
-    STREAM_LIMIT,
     LineReader,
     OversizedLine,
     close_writer,
-    open_endpoint,
     send_one_line,
 )
 from prospero.types.events import (
@@ -79,31 +83,32 @@ from prospero.types.events import (
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+TAIL_RETRY = 1.0  # seconds between looks for a transcript while reading the socket
 
 
 class BatchEventSink(Protocol):
     """An EventSink that may also take several events, in wire order, in one call. The
     driver uses `emit_batch` when the sink has it (the FleetManager's does): one await and
     one timestamp per read of the stream instead of one per event. Outputs come as
-    `CompactKind` (stream, chunk) pairs, the form the emitter queues them in."""
+    `CompactKind` (stream, chunk) pairs, the form the emitter queues them in. A sink whose
+    `emit_batch` takes `cursor=` commits that resume snapshot with the batch's events."""
 
     async def __call__(self, kind: EventKind) -> None: ...
 
-    async def emit_batch(self, kinds: list[CompactKind]) -> None: ...
+    async def emit_batch(self, kinds: list[CompactKind], cursor: bytes | None = None) -> None: ...
 
 
-def _drop_lines(data: bytes, n: int) -> bytes:
-    """`data` without its first `n` newline-terminated lines."""
-    pos = 0
-    for _ in range(n):
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            return b""
-        pos = nl + 1
-    return data[pos:]
+BatchFn = Callable[..., Awaitable[None]]
 
 
-class NdjsonDriver:
+def _takes_cursor(fn: BatchFn) -> bool:
+    try:
+        return "cursor" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class NdjsonDriver(TranscriptReading, ReconnectingDriver):
     """AgentDriver for caliban's NDJSON attach stream."""
 
     protocol = "ndjson"
@@ -117,34 +122,32 @@ class NdjsonDriver:
         cursor_store: CursorStore | None = None,
         *,
         cursor_window: int = DEFAULT_WINDOW,
+        worker_ring: int = WORKER_RING,
         save_interval: float = 1.0,
         terminal_eof_timeout: float = 5.0,
+        transcript_poll: float = 0.05,
+        settle_after: float = 0.5,
     ) -> None:
-        self.target = target
+        super().__init__(target, options, metrics)
         self.sink = sink
         # Optional batch path of the sink (see BatchEventSink); else one await per event.
         batch_sink = getattr(sink, "emit_batch", None)
-        self._batch_sink: Callable[[list[CompactKind]], Awaitable[None]] | None = (
-            batch_sink if callable(batch_sink) else None
-        )
-        self.options = options
-        self.metrics = metrics
+        self._batch_sink: BatchFn | None = batch_sink if callable(batch_sink) else None
+        self._sink_takes_cursor = self._batch_sink is not None and _takes_cursor(self._batch_sink)
         self.cursor_store = cursor_store
         self.save_interval = save_interval
         self.terminal_eof_timeout = terminal_eof_timeout
-        self.cursor: LineCursor[bytes | None] = LineCursor(cursor_window)
+        self.transcript_poll = transcript_poll
+        self.settle_after = settle_after
+        self.cursor: LineCursor[bytes | None] = LineCursor(cursor_window, worker_ring)
         self.normalizer = Normalizer(options, metrics)
-        self._terminal = False
-        self._closing = False
-        self._close_event = asyncio.Event()
-        self._retry_now = asyncio.Event()  # nudge(): end a reconnect backoff
         self._loaded = cursor_store is None
         self._running = False
         self._run_task: asyncio.Task[Any] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
         self._writer: asyncio.StreamWriter | None = None
-        self._transcript_size = -1  # size of stdout.ndjson when last replayed
+        self._exact_to_end = False  # the transcript was last read, by position, to its end
         # persistence bookkeeping
         self._version = 0  # bumped per processed batch of cursor output
         self._saved_version = 0
@@ -152,15 +155,11 @@ class NdjsonDriver:
         self._batch_interrupted = False
         self._save_lock = asyncio.Lock()
         # observations (tests, ops)
-        self.connections = 0
         self.discarded_lines = 0
+        self.transcript_lines = 0  # lines taken from the transcript by position
+        self.tail_connections = 0  # connections run in transcript tail mode
 
     # ---- AgentDriver ----------------------------------------------------------------------
-
-    @property
-    def finished(self) -> bool:
-        """The terminal `agent_finished` has been emitted."""
-        return self._terminal
 
     async def run(self) -> DriverExit:
         if self._running:
@@ -168,9 +167,13 @@ class NdjsonDriver:
         self._running = True
         self._run_task = asyncio.current_task()
         self._idle.clear()
-        saver = asyncio.create_task(self._saver(), name=f"ndjson-saver-{self.target.agent_id}")
+        saver = None
+        if self.cursor_store is not None and not self._sink_takes_cursor:
+            saver = asyncio.create_task(
+                self._saver(), name=f"ndjson-saver-{self.target.agent_id}"
+            )
         try:
-            result = await self._run()
+            result = await self._reconnect_loop()
             await self._save()
             return result
         except BaseException:
@@ -181,9 +184,10 @@ class NdjsonDriver:
                     await self._save()
             raise
         finally:
-            saver.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await saver
+            if saver is not None:
+                saver.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await saver
             self._running = False
             self._run_task = None
             self._idle.set()
@@ -196,10 +200,6 @@ class NdjsonDriver:
 
     async def cancel_turn(self) -> None:
         raise Unsupported("NDJSON agents cannot cancel a turn; kill instead")
-
-    def nudge(self) -> None:
-        """The agent's status changed: end a reconnect backoff now."""
-        self._retry_now.set()
 
     async def close(self) -> None:
         """Stop `run()` between lines (it returns `closed`) and persist the state."""
@@ -214,46 +214,50 @@ class NdjsonDriver:
         else:
             await self._save()
 
-    # ---- main loop ------------------------------------------------------------------------
+    # ---- ReconnectingDriver hooks ---------------------------------------------------------
 
-    async def _run(self) -> DriverExit:
-        await self._load_once()
-        if self._closing:
-            return DriverExit.closed
+    async def _after_terminal(self) -> None:
+        await self._process(None, [], flush=True)  # a held-back tool_started
+
+    async def _recover_after_exit(self) -> None:
+        await self._from_transcript(force=True)
+
+    async def _conclude(self, outcome: str, detail: str) -> None:
+        """The run never ended on the wire: recover what the transcript holds, then end it."""
+        if self._running and asyncio.current_task() is not self._run_task:
+            await self.close()  # never emit beside a running read loop
+        if not self._state_loaded:  # concluded without ever running (e.g. after a restart)
+            self._state_loaded = True
+            await self._load_state()
+        if not self._exact_to_end and not self._terminal:
+            await self._from_transcript(force=True)
         if self._terminal:
-            return DriverExit.finished
-        failures = 0
-        while True:
-            got_new = await self._connection()
-            if self._closing:
-                return DriverExit.closed
-            if self._terminal:
-                await self._process(None, [], flush=True)  # a held-back tool_started
-                return DriverExit.finished
-            if got_new:
-                failures = 0
-            failures += 1
-            if failures >= self.options.max_failures:
-                log.warning(
-                    "agent %s: giving up after %d consecutive failed connections",
-                    self.target.agent_id,
-                    failures,
+            return  # finished after all (the transcript had the RunEnd)
+        events: list[CompactKind] = []
+        if not self._exact_to_end:
+            events.append(
+                StreamGap(
+                    missing=None,
+                    reason="worker_exited",
+                    detail=(
+                        "the worker is gone and its transcript is not readable here: lines "
+                        "after the last one received may be lost"
+                    ),
                 )
-                return DriverExit.gave_up
-            await wait_before_retry(
-                self.target.agent_id,
-                failures,
-                self.options,
-                self.metrics,
-                self._close_event,
-                self._retry_now,
             )
-            if self._closing:
-                return DriverExit.closed
+        events.extend(self.normalizer.conclude(outcome, detail))
+        self._in_batch = True
+        try:
+            self._version += 1
+            await self._deliver(events)
+        finally:
+            self._in_batch = False
+        await self._save()
+
+    # ---- one connection -------------------------------------------------------------------
 
     async def _connection(self) -> bool:
         """One connection: dial, read until EOF/error/close. True if it delivered a new line."""
-        agent = self.target.agent_id
         conn = await self._dial()
         if conn is None:
             return await self._from_transcript()
@@ -263,16 +267,58 @@ class NdjsonDriver:
             return False
         self._writer = writer
         self.connections += 1
+        tail = await self._open_tail()
+        got_new = False
+        try:
+            if tail is None:
+                # The transcript may become usable mid-connection (`session_dir` filled in
+                # late, or the file not there yet): the socket reader then hands over.
+                got_new, tail = await self._read_socket(reader)
+            if tail is not None:
+                self.tail_connections += 1
+                if await self._read_tail(reader, tail):
+                    got_new = True
+        finally:
+            self._writer = None
+            if tail is not None:
+                tail.close()
+            if self._closing:
+                writer.transport.abort()
+            else:
+                await close_writer(writer)
+        await self._save()
+        return got_new
+
+    async def _read_socket(
+        self, reader: asyncio.StreamReader
+    ) -> tuple[bool, Transcript | None]:
+        """Read the socket through the cursor. Returns whether a new line was delivered and,
+        when the transcript became usable meanwhile, the tail to continue with."""
+        agent = self.target.agent_id
+        self._exact_to_end = False
         self.cursor.begin_connection()
         lines = LineReader(reader)
         got_new = False
+        tried = (self.target.session_dir, time.monotonic())
         try:
             while not self._closing:
+                session_dir = self.target.session_dir
+                if (
+                    session_dir
+                    and not self.cursor.matching
+                    and (session_dir != tried[0] or time.monotonic() - tried[1] >= TAIL_RETRY)
+                ):
+                    tried = (session_dir, time.monotonic())
+                    tail = await self._open_tail()
+                    if tail is not None:
+                        return got_new, tail
                 try:
                     if self._terminal:
-                        batch = await wait_for(
-                            lines.read_lines(), self.terminal_eof_timeout
-                        )
+                        batch = await wait_for(lines.read_lines(), self.terminal_eof_timeout)
+                    elif self.cursor.anchoring:
+                        settled, batch = await self._read_or_settle(lines)
+                        if settled:
+                            continue  # decided on the replay in hand
                     else:
                         batch = await lines.read_lines()
                 except TimeoutError:
@@ -289,7 +335,6 @@ class NdjsonDriver:
                 # and the API have the loop (a replay backlog is read in many reads).
                 await asyncio.sleep(0)
         finally:
-            self._writer = None
             dropped = self.cursor.end_connection()
             if dropped:
                 self.discarded_lines += dropped
@@ -299,90 +344,41 @@ class NdjsonDriver:
                     agent,
                     dropped,
                 )
-            if self._closing:
-                writer.transport.abort()
-            else:
-                await close_writer(writer)
-        await self._save()
-        return got_new
+        return got_new, None
 
-    async def _from_transcript(self) -> bool:
-        """The socket is gone (the worker exited, e.g. a short run that ended before we
-        dialled): replay the agent's `stdout.ndjson` transcript instead, when it is readable
-        here. It holds every line from line 1, so the lines we already hold are skipped down to
-        the cursor's window and the overlap is verified as for a socket replay. True if it
-        delivered a new line."""
-        if not self.target.session_dir or self._closing:
-            return False
-        path = Path(self.target.session_dir) / "stdout.ndjson"
+    async def _read_or_settle(
+        self, lines: LineReader
+    ) -> tuple[bool, list[bytes | OversizedLine] | None]:
+        """While the cursor looks for its anchor in the replay: (False, the next read), or,
+        once the socket has been quiet for `settle_after` (a worker writes its replay at
+        once, so it is all in), (True, None) after letting the cursor decide on what it has.
+        (`read_lines` is cancel-safe: an interrupted read keeps its partial line.)"""
+        read = asyncio.ensure_future(lines.read_lines())
         try:
-            size = await asyncio.to_thread(lambda: path.stat().st_size)
-        except OSError:
-            return False
-        if size == self._transcript_size:
-            return False  # nothing new since the last read
-        try:
-            data = await asyncio.to_thread(path.read_bytes)
-        except OSError as e:
-            log.info("agent %s: transcript unreadable: %s", self.target.agent_id, e)
-            return False
-        self._transcript_size = size
-        skip = max(0, self.cursor.seen - self.cursor.held)
-        if skip:
-            data = _drop_lines(data, skip)
-        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
-        reader.feed_data(data)
-        reader.feed_eof()
-        self.cursor.begin_connection()
-        lines = LineReader(reader)
-        got_new = False
-        try:
-            while not self._closing and (batch := await lines.read_lines()) is not None:
-                if await self._take(batch):
-                    got_new = True
-        finally:
-            self.discarded_lines += self.cursor.end_connection()
-        if got_new:
-            self.metrics.inc(m.TRANSCRIPT_RECOVERIES)
-            log.info("agent %s: recovered lines from %s", self.target.agent_id, path)
-        await self._save()
-        return got_new
-
-    async def _dial(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """Resolve and dial, abandoned as soon as close() is called. None on failure."""
-
-        async def attempt() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-            endpoint = await self.target.resolve_endpoint()
-            return await open_endpoint(endpoint, self.target.security)
-
-        task = asyncio.create_task(attempt())
-        closer = asyncio.create_task(self._close_event.wait())
-        try:
-            await asyncio.wait({task, closer}, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:  # run() itself was cancelled: leave nothing behind
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait({task})
-            if task.done() and not task.cancelled() and task.exception() is None:
-                task.result()[1].transport.abort()
+            done, _ = await asyncio.wait({read}, timeout=self.settle_after)
+        except BaseException:
+            read.cancel()
             raise
-        finally:
-            closer.cancel()
-        if not task.done():  # close() won the race
-            task.cancel()
-            await asyncio.wait({task})
-        if task.cancelled():
-            return None
-        exc = task.exception()
-        if exc is not None:
-            if isinstance(exc, ProsperoError | OSError | ValueError):
-                log.info("agent %s: cannot attach: %s", self.target.agent_id, exc)
-            else:
-                log.warning("agent %s: cannot attach: %r", self.target.agent_id, exc)
-            return None
-        return task.result()
+        if read in done:
+            return False, read.result()
+        read.cancel()
+        await asyncio.wait({read})
+        if not read.cancelled():
+            return False, read.result()  # it completed meanwhile: keep what it read
+        gap, new = self.cursor.settle()
+        if gap is not None or new:
+            await self._process(gap, new)
+        return True, None
 
-    async def _take(self, batch: list[bytes | OversizedLine]) -> bool:
+    # ---- lines -> events ------------------------------------------------------------------
+
+    async def _take(
+        self,
+        batch: list[bytes | OversizedLine],
+        *,
+        positional: bool = False,
+        stop_on_close: bool = True,
+    ) -> bool:
         """Run one read's lines through the cursor and process what is new. True if any was.
 
         With a batch sink the whole read is one batch (one sink call). A plain sink gets the
@@ -391,33 +387,38 @@ class NdjsonDriver:
         if self._batch_sink is None:
             got_new = False
             for x in batch:
-                if self._closing:  # close() stops between lines; the rest is replayed later
-                    break
-                if await self._take_batch([x]):
+                if self._closing and stop_on_close:
+                    break  # close() stops between lines; the rest is read again later
+                if await self._take_batch([x], positional):
                     got_new = True
             return got_new
-        return await self._take_batch(batch)
+        return await self._take_batch(batch, positional)
 
-    async def _take_batch(self, batch: list[bytes | OversizedLine]) -> bool:
-        payloads: list[bytes | None]
+    async def _take_batch(self, batch: list[bytes | OversizedLine], positional: bool) -> bool:
+        payloads: list[bytes | None] = [
+            None if isinstance(x, OversizedLine) else x for x in batch
+        ]
+        for x in batch:
+            if isinstance(x, OversizedLine):
+                log.debug(
+                    "agent %s: read a %d-byte line (over the line limit)",
+                    self.target.agent_id,
+                    x.size,
+                )
+        if positional:
+            self.cursor.commit_many(digests_of(batch))
+            self.transcript_lines += len(batch)
+            if not payloads:
+                return False
+            await self._process(None, payloads)
+            return True
         if all(type(x) is bytes for x in batch):
             good = cast(list[bytes], batch)
-            gap, new = self.cursor.push_many(line_digests(good), cast(list[bytes | None], good))
+            gap, new = self.cursor.push_many(line_digests(good), payloads)
         else:
-            digests: list[bytes] = []
-            payloads = []
-            for x in batch:
-                if isinstance(x, OversizedLine):
-                    log.debug(
-                        "agent %s: read a %d-byte line (over the line limit)",
-                        self.target.agent_id,
-                        x.size,
-                    )
-                    digests.append(x.digest)
-                    payloads.append(None)
-                else:
-                    digests.append(line_digest(x))
-                    payloads.append(x)
+            digests = [
+                x.digest if isinstance(x, OversizedLine) else line_digest(x) for x in batch
+            ]
             gap, new = self.cursor.push_many(digests, payloads)
         if gap is None and not new:
             return False
@@ -429,13 +430,14 @@ class NdjsonDriver:
     ) -> None:
         self._in_batch = True
         try:
-            await self._deliver(self._normalise(gap, payloads, flush))
+            events = self._normalise(gap, payloads, flush)
+            self._version += 1
+            await self._deliver(events)
         except BaseException:
             # The sink saw only part of this batch: never persist a state that claims it all.
             self._batch_interrupted = True
             raise
         finally:
-            self._version += 1
             self._in_batch = False
 
     def _normalise(
@@ -444,17 +446,14 @@ class NdjsonDriver:
         """The batch's events, in order. For a batch sink, outputs stay compact (the emitter
         queues them so); a plain sink gets models."""
         agent = self.target.agent_id
-        feed = (
-            self.normalizer.feed_lines_compact
-            if self._batch_sink is not None
-            else self.normalizer.feed_lines
-        )
+        norm = self.normalizer
+        feed = norm.feed_lines_compact if self._batch_sink is not None else norm.feed_lines
         out: list[CompactKind] = []
         if gap is not None:
             self.metrics.inc(m.STREAM_GAPS)
-            log.warning("agent %s: stream gap: %s", agent, gap.detail)
-            out.extend(self.normalizer.flush())
-            out.append(StreamGap(missing=gap.missing, detail=gap.detail))
+            log.warning("agent %s: stream gap (%s): %s", agent, gap.reason, gap.detail)
+            out.extend(norm.flush())
+            out.append(StreamGap(missing=gap.missing, detail=gap.detail, reason=gap.reason))
         if None in payloads:
             start = 0
             for i, payload in enumerate(payloads):
@@ -462,16 +461,23 @@ class NdjsonDriver:
                     out.extend(feed(cast(list[bytes], payloads[start:i])))
                     start = i + 1
                     self.metrics.inc(m.OVERSIZED_LINES)
+                    norm.skipped("oversized")
                     log.warning("agent %s: skipped a line over the %d-byte limit", agent, MAX_LINE)
             out.extend(feed(cast(list[bytes], payloads[start:])))
         elif payloads:
             out.extend(feed(cast(list[bytes], payloads)))
+        skipped = norm.take_skipped()
+        if skipped:
+            # Coalesced per read, placed before the run's terminal event if this read has it.
+            at = next((i for i, e in enumerate(out) if type(e) is AgentFinished), len(out))
+            out[at:at] = skipped
         if flush:
-            out.extend(self.normalizer.flush())
+            out.extend(norm.flush())
         return out
 
     async def _deliver(self, events: list[CompactKind]) -> None:
-        """Hand events to the sink in order: in one call when it takes batches."""
+        """Hand events to the sink in order: in one call when it takes batches (with the
+        resume snapshot when it takes cursors)."""
         if not events:
             return
         batch_sink = self._batch_sink
@@ -486,7 +492,12 @@ class NdjsonDriver:
             if type(ev) is AgentFinished:
                 self._terminal = True
                 break
-        await batch_sink(events)
+        if self._sink_takes_cursor and self._loaded:
+            version = self._version
+            await batch_sink(events, cursor=self._snapshot())
+            self._saved_version = max(self._saved_version, version)
+        else:
+            await batch_sink(events)
 
     # ---- steering -------------------------------------------------------------------------
 
@@ -510,7 +521,10 @@ class NdjsonDriver:
     async def _save(self) -> None:
         """Persist the state if it changed since the last save. Never raises."""
         store = self.cursor_store
-        if store is None or self._in_batch or self._batch_interrupted or not self._loaded:
+        via_sink = self._sink_takes_cursor
+        if store is None and not via_sink:
+            return
+        if self._in_batch or self._batch_interrupted or not self._loaded:
             return
         async with self._save_lock:
             version = self._version
@@ -518,22 +532,25 @@ class NdjsonDriver:
                 return
             data = self._snapshot()  # taken synchronously: consistent with the sink
             try:
-                await store.save_cursor(self.target.agent_id, data)
+                if via_sink:
+                    assert self._batch_sink is not None
+                    await self._batch_sink([], cursor=data)  # ordered after queued events
+                else:
+                    assert store is not None
+                    await store.save_cursor(self.target.agent_id, data)
             except Exception as e:
                 log.warning("agent %s: cannot save the stream cursor: %s", self.target.agent_id, e)
                 return
             self._saved_version = max(self._saved_version, version)
 
     async def _saver(self) -> None:
-        if self.cursor_store is None:
-            return
         last = time.monotonic()
         while True:
             await asyncio.sleep(max(0.01, self.save_interval - (time.monotonic() - last)))
             last = time.monotonic()
             await self._save()
 
-    async def _load_once(self) -> None:
+    async def _load_state(self) -> None:
         if self._loaded:
             return
         self._loaded = True
@@ -550,7 +567,7 @@ class NdjsonDriver:
             state = orjson.loads(data)
             if not isinstance(state, dict) or state.get("v") != STATE_VERSION:
                 raise ValueError(f"unsupported cursor state version {state!r:.40}")
-            cursor: LineCursor[bytes | None] = LineCursor(self.cursor.window)
+            cursor: LineCursor[bytes | None] = LineCursor(self.cursor.window, self.cursor.ring)
             cursor.restore(state.get("cursor"))
         except (ValueError, orjson.JSONDecodeError) as e:
             log.warning(

@@ -123,6 +123,15 @@ export class Timeline {
             (k.detail ? ` — ${k.detail}` : ""),
         );
         break;
+      case "frames_skipped":
+        this._marker(
+          "frames_skipped",
+          seq,
+          ts,
+          "warn",
+          `Skipped ${k.count ?? "?"} ${k.reason || "unreadable"} line(s) of the agent's stream`,
+        );
+        break;
       case "turn_lost":
         this._marker(
           "turn_lost",
