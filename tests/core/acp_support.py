@@ -19,6 +19,7 @@ from prospero.core.wire.control import Endpoint, SpawnSpec
 from prospero.testkit import acp_scripts as S
 from prospero.testkit.certs import CertBundle
 from prospero.testkit.fake_acp import AcpAgentListener, FakeAcpAgent
+from prospero.types.model import AgentMeta
 from tests.conformance.agent_driver import SESSION
 from tests.support import short_tmpdir
 
@@ -167,19 +168,28 @@ class Rig:
                 interactive=interactive,
                 drive_protocol="acp",
                 model=model,
-                permission_posture=posture,  # type: ignore[arg-type]
             )
             if prompt is not None
             else None
         )
+        agent_id = agent_id or new_agent_id()
+        meta = AgentMeta(
+            agent_id=agent_id,
+            workspace="ws",
+            spawned_here=True,
+            drive_protocol="acp",
+            posture=posture,  # type: ignore[arg-type]
+            prompt=prompt,
+        )
         return DriverTarget(
-            agent_id=agent_id or new_agent_id(),
+            agent_id=agent_id,
             workspace="ws",
             resolve_endpoint=peer.resolve,
             security=security if security is not None else peer.security,
             interactive=interactive,
             spec=spec,
             working_dir=self.dir,
+            meta=meta,
         )
 
     def driver(

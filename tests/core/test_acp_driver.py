@@ -524,8 +524,9 @@ async def test_unserved_requests_get_method_not_found_and_tokens_are_kept(rig: R
     assert t0.cost_usd is None  # no usage_update cost: not reported
     end = rec.events[-1]
     assert isinstance(end, AgentFinished)
-    assert (end.outcome, end.turns) == ("Error", 2)
-    assert end.detail is not None and "Authentication required" in end.detail
+    # -32000 on a prompt: no advertised method to authenticate with -> auth_required at once
+    assert (end.outcome, end.turns) == ("auth_required", 2)
+    assert end.detail is not None and "advertised methods: none" in end.detail
     assert end.usage == t0.usage and end.cost_usd is None
     assert isinstance(rec.events[0], AgentInit) and rec.events[0].model == ""
 

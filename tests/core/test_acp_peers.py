@@ -243,3 +243,55 @@ async def test_python_example_agent_full_turn(certs: CertBundle) -> None:
         assert rec.kinds() == ["agent_init", "output", "output", "turn_finished", "agent_finished"]
         init = rec.events[0]
         assert isinstance(init, AgentInit) and init.session_id == "0"
+
+
+async def test_ts_agent_hard_stop_mid_turn_restart_closes_the_open_call_never_reprompts(
+    certs: CertBundle,
+) -> None:
+    """Issue 9 item 11 against the real TS agent (no `loadSession`): prosperod dies (-9) while
+    call_1 is open; the restarted driver closes call_1, records the turn lost once, and
+    finishes NotResumable — without a second session/new or prompt."""
+    from acp.connection import StreamEvent
+
+    from prospero.core.drivers.acp import registry
+    from tests.core.acp_support import MemoryCursorStore
+
+    async with bridged(certs, peers.ts_example_agent_command()) as rig:
+        rec = Recorder()
+        d1, agent_id = await rig.spawn(rec, broker=ScriptedBroker("allow"))
+        store = MemoryCursorStore()
+        target = d1.target
+        await d1.close()  # (the spawn helper's driver has no store: use one that does)
+        registry._REGISTRY.pop(agent_id, None)
+        sent: list[str] = []
+
+        def wire(ev: StreamEvent) -> None:
+            method = ev.message.get("method")
+            if ev.direction.value == "outgoing" and isinstance(method, str):
+                sent.append(method)
+
+        d1 = AcpDriver(target, rec, OPTS, rig.metrics, store, observers=[wire])
+        t1 = asyncio.create_task(d1.run())
+        await wait_until(lambda: "tool_started" in rec.kinds(), PEER_T, what="call_1 open")
+        t1.cancel()  # kill -9: nothing more is emitted or saved by this driver
+        with pytest.raises(asyncio.CancelledError):
+            await t1
+        registry._REGISTRY.pop(agent_id, None)
+        assert sent.count("session/prompt") == 1
+        before = len(rec.events)
+
+        d2 = AcpDriver(target, rec, OPTS, rig.metrics, store, observers=[wire])
+        rig.drivers.append(d2)
+        assert await asyncio.wait_for(d2.run(), PEER_T) is DriverExit.finished
+        new = rec.events[before:]
+        assert [e.kind for e in new] == [
+            "tool_finished",
+            "turn_lost",
+            "stream_gap",
+            "agent_finished",
+        ]
+        fin = new[0]
+        assert isinstance(fin, ToolFinished) and fin.id == "call_1" and not fin.ok
+        end = new[-1]
+        assert isinstance(end, AgentFinished) and end.outcome == "NotResumable"
+        assert sent.count("session/prompt") == 1 and sent.count("session/new") == 1

@@ -487,6 +487,83 @@ async def test_without_load_session(sockdir: str) -> None:
         assert ei.value.code == -32601
 
 
+CODEX_LIKE_METHODS = [
+    {"id": "chatgpt", "name": "Login with ChatGPT"},
+    {"id": "openai-api-key", "name": "Use OPENAI_API_KEY"},
+]
+
+
+async def test_auth_required_until_authenticate(sockdir: str) -> None:
+    async with (
+        scripted(
+            sockdir,
+            S.simple_script("hi"),
+            auth_methods=CODEX_LIKE_METHODS,
+            require_auth=True,
+            accept_methods=["openai-api-key"],
+        ) as (lst, ep, sec),
+        acp_session(ep, sec) as s,
+    ):
+        init = await s.conn.initialize(protocol_version=1)
+        assert [m.id for m in init.auth_methods or []] == ["chatgpt", "openai-api-key"]
+        with pytest.raises(RequestError) as ei:
+            await s.conn.new_session(cwd="/tmp", mcp_servers=[])
+        assert (ei.value.code, str(ei.value)) == (-32000, "Authentication required")
+        with pytest.raises(RequestError) as ei:
+            await s.conn.authenticate(method_id="nope")
+        assert ei.value.code == -32602
+        with pytest.raises(RequestError) as ei:
+            await s.conn.authenticate(method_id="chatgpt")  # advertised, not accepted
+        assert ei.value.code == -32000
+        await s.conn.authenticate(method_id="openai-api-key")
+        sid = (await s.conn.new_session(cwd="/tmp", mcp_servers=[])).session_id
+        assert await s.prompt(sid, "go") == "end_turn"
+        agent = agent_of(lst)
+        assert agent.authentications == ["nope", "chatgpt", "openai-api-key"]
+        assert agent.auth_refusals == 1 and agent.prompts == ["go"]
+
+
+async def test_auth_survives_a_reconnect_for_session_load(sockdir: str) -> None:
+    async with scripted(
+        sockdir, S.simple_script("hi"), auth_methods=CODEX_LIKE_METHODS, require_auth=True
+    ) as (lst, ep, sec):
+        async with acp_session(ep, sec) as s:
+            await s.conn.initialize(protocol_version=1)
+            with pytest.raises(RequestError):
+                await s.conn.load_session(cwd="/tmp", session_id="sess-0001")
+            await s.conn.authenticate(method_id="chatgpt")
+            sid = (await s.conn.new_session(cwd="/tmp", mcp_servers=[])).session_id
+        async with acp_session(ep, sec) as s2:
+            await s2.conn.initialize(protocol_version=1)
+            await s2.conn.load_session(cwd="/tmp", session_id=sid)
+        assert agent_of(lst).loads == [sid] and agent_of(lst).auth_refusals == 1
+
+
+async def test_auth_required_on_prompt_like_claude_agent_acp(sockdir: str) -> None:
+    methods = [{"id": "claude-login", "name": "Log in with Claude"}]
+    async with (
+        scripted(
+            sockdir,
+            S.simple_script("hi"),
+            auth_methods=methods,
+            require_auth=True,
+            auth_on="prompt",
+        ) as (lst, ep, sec),
+        acp_session(ep, sec) as s,
+    ):
+        await s.conn.initialize(protocol_version=1)
+        sid = (await s.conn.new_session(cwd="/tmp", mcp_servers=[])).session_id
+        with pytest.raises(RequestError) as ei:
+            await s.prompt(sid, "go")
+        assert ei.value.code == -32000
+        assert agent_of(lst).prompts == []  # refused before any work
+        await s.conn.authenticate(method_id="claude-login")
+        assert await s.prompt(sid, "go") == "end_turn"
+        assert agent_of(lst).prompts == ["go"]
+    with pytest.raises(ValueError):
+        FakeAcpAgent(auth_on="elsewhere")
+
+
 @pytest.mark.parametrize(
     "reason", ["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
 )
@@ -618,11 +695,11 @@ def acp_spec(prompt: str = "do it", **kw: Any) -> SpawnSpec:
 
 async def test_caliband_serves_the_default_acp_script_over_tls(certs: CertBundle) -> None:
     async with tls_caliband(certs) as (f, c, sec):
-        a = await c.spawn(acp_spec(model="claude-x", permission_posture="supervised"))
+        a = await c.spawn(acp_spec(model="claude-x"))
         assert isinstance(a.endpoint, TcpEndpoint)
         assert f.status_of(a.id) == AgentStatus.running and a.id not in f.workers
         (rec,) = await c.list()
-        assert rec.spec.drive_protocol == "acp" and rec.spec.permission_posture == "supervised"
+        assert rec.spec.drive_protocol == "acp" and rec.spec.model == "claude-x"
         assert rec.endpoint == a.endpoint
         async with acp_session(a.endpoint, sec) as s:
             init = await s.conn.initialize(protocol_version=1)

@@ -60,7 +60,7 @@ class PermissionRequest:
     session_id: str
     tool_call: PermissionToolCall
     options: tuple[PermissionOption, ...]
-    # The agent's posture (SpawnSpec.permission_posture); None when the spawn did not say.
+    # The agent's posture (AgentMeta.posture); None when the spawn did not say.
     posture: str | None = None
     # 0-based index of the prompt turn that raised it.
     turn: int = 0

@@ -10,7 +10,16 @@ reconnect).
 Protocol behaviour:
 
 - `initialize` -> `protocolVersion: 1`, `agentCapabilities.loadSession` per the flag,
-  `sessionCapabilities.close: {}` when `close_session` (default on), `agentInfo`, no auth.
+  `sessionCapabilities.close: {}` when `close_session` (default on), `agentInfo`, and
+  `authMethods` (default `[]`; wire dicts as acp.md §2 shows them, e.g. codex-acp's
+  `{"id": "openai-api-key", "name": "Use OPENAI_API_KEY"}` or an unstable
+  `{"type": "env_var", "vars": [...]}` entry).
+- With `require_auth`, `session/new` and `session/load` answer `-32000` "Authentication
+  required" (as codex-acp does without credentials; with `auth_on="prompt"`, `session/prompt`
+  does instead, as claude-agent-acp does without a key — the prompt is not recorded) until an `authenticate` with an accepted
+  method id (`accept_methods`, default: every advertised id) succeeded; authentication is
+  agent (process) state, so it survives a reconnect. `authenticate` with an advertised but
+  unaccepted id -> `-32000`; with an unknown id -> `-32602`. Recorded in `authentications`.
 - `session/new` -> a fresh `sessionId` (`sess-0001`, ...); the `cwd` is recorded. With a
   `model`, the result carries a `configOptions` select of `category: "model"`.
 - `session/load` (only if advertised, else -32601) -> replays the session's history (a
@@ -27,8 +36,8 @@ Protocol behaviour:
 
 Observations: `prompts`, `permission_outcomes` (dicts: `session_id`, `tool_call_id`,
 `outcome` = `selected` | `cancelled` | `abandoned`, `option_id`, `allow`), `cancels`,
-`sessions` (id -> `FakeSession`), `loads`, `closes`, `stop_reasons`, `inits`,
-`connections_total`, `exit_code`.
+`sessions` (id -> `FakeSession`), `loads`, `closes`, `stop_reasons`, `inits`, `authentications`,
+`auth_refusals`, `connections_total`, `exit_code`.
 
 `AcpAgentListener(agent_id, agent_factory=..., command=...)` serves ACP on a Unix socket or on
 TCP + TLS + the `{"bearer": ...}` preamble (wrong token: dropped without a word), exactly like
@@ -60,7 +69,6 @@ import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 from acp.agent.connection import AgentSideConnection
@@ -81,12 +89,12 @@ from prospero.testkit.acp_scripts import (
     AcpScript,
     Step,
 )
-from prospero.testkit.fake_agent import SIGTERM_EXIT, read_bearer_preamble, tcp_addr
+from prospero.testkit.fake_agent import SIGTERM_EXIT
+from prospero.testkit.listener import admit, bound_port, listen_tcp, listen_unix, tcp_addr
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
-HANDSHAKE_BOUND = 10.0
 CLOSE_GRACE = 2.0
 EOF_GRACE = 2.0
 KILL_GRACE = 1.0
@@ -179,8 +187,23 @@ class FakeAcpAgent:
         exit_on_close: bool = True,
         model: str | None = None,
         agent_info: dict[str, Any] | None = None,
+        auth_methods: Sequence[dict[str, Any]] = (),
+        require_auth: bool = False,
+        accept_methods: Sequence[str] | None = None,
+        auth_on: str = "session",
     ) -> None:
         self.script = script if script is not None else AcpScript()
+        self.auth_methods = [dict(m) for m in auth_methods]
+        self.require_auth = require_auth
+        self.accept_methods = (
+            set(accept_methods)
+            if accept_methods is not None
+            else {str(m["id"]) for m in self.auth_methods}
+        )
+        self.authenticated = False
+        if auth_on not in ("session", "prompt"):
+            raise ValueError(f"auth_on must be 'session' or 'prompt', not {auth_on!r}")
+        self.auth_on = auth_on
         self.load_session = load_session
         self.close_session = close_session
         self.exit_on_close = exit_on_close
@@ -197,6 +220,8 @@ class FakeAcpAgent:
         self.closes: list[str] = []
         self.stop_reasons: list[str] = []
         self.inits: list[dict[str, Any]] = []
+        self.authentications: list[str] = []
+        self.auth_refusals = 0
         self.bad_steps: list[Any] = []
         self.connections_total = 0
         self.exit_code: int | None = None
@@ -297,8 +322,22 @@ class FakeAcpAgent:
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": caps,
             "agentInfo": self.agent_info,
-            "authMethods": [],
+            "authMethods": [dict(m) for m in self.auth_methods],
         }
+
+    def _authenticate(self, method_id: str) -> dict[str, Any]:
+        self.authentications.append(method_id)
+        if method_id not in {str(m["id"]) for m in self.auth_methods}:
+            raise RequestError.invalid_params({"methodId": method_id, "details": "unknown method"})
+        if method_id not in self.accept_methods:
+            raise RequestError.auth_required({"methodId": method_id})
+        self.authenticated = True
+        return {}
+
+    def _check_auth(self, where: str = "session") -> None:
+        if self.require_auth and not self.authenticated and where == self.auth_on:
+            self.auth_refusals += 1
+            raise RequestError.auth_required()
 
     def _session_result(self) -> dict[str, Any]:
         if self.model is None:
@@ -317,6 +356,7 @@ class FakeAcpAgent:
         }
 
     def _new_session(self, conn: _Conn, cwd: str) -> dict[str, Any]:
+        self._check_auth()
         sid = f"sess-{next(self._session_seq):04d}"
         s = FakeSession(id=sid, cwd=cwd, conn=conn)
         self.sessions[sid] = s
@@ -326,6 +366,7 @@ class FakeAcpAgent:
     async def _load_session(self, conn: _Conn, cwd: str, session_id: str) -> dict[str, Any]:
         if not self.load_session:
             raise RequestError.method_not_found("session/load")
+        self._check_auth()
         s = self.sessions.get(session_id)
         if s is None or s.closed:
             raise RequestError.resource_not_found(session_id)
@@ -348,6 +389,7 @@ class FakeAcpAgent:
 
     async def _prompt(self, conn: _Conn, session_id: str, prompt: Sequence[Any]) -> dict[str, Any]:
         s = self._session_of(conn, session_id)
+        self._check_auth("prompt")
         if s.running:
             raise RequestError.invalid_request(
                 {"details": f"a prompt is already running on session {session_id}"}
@@ -584,6 +626,9 @@ class _ConnAgent:
         info = client_info.model_dump(mode="json") if client_info is not None else None
         return self._agent._initialize(protocol_version, client_info=info)
 
+    async def authenticate(self, method_id: str, **kwargs: Any) -> dict[str, Any]:
+        return self._agent._authenticate(method_id)
+
     async def new_session(
         self,
         cwd: str,
@@ -687,14 +732,12 @@ class AcpAgentListener:
     # --- serving ----------------------------------------------------------------------------
 
     async def serve_unix(self, path: str) -> UnixEndpoint:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-
         async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             await self._on_connect(r, w, None)
 
-        server = await asyncio.start_unix_server(on_connect, path=path, limit=STREAM_LIMIT)
+        server, ino = await listen_unix(on_connect, path, limit=STREAM_LIMIT)
         self._servers.append(server)
-        self._unix_paths.append((path, os.stat(path).st_ino))
+        self._unix_paths.append((path, ino))
         ep = UnixEndpoint(path=path)
         self.endpoints.append(ep)
         return ep
@@ -707,17 +750,9 @@ class AcpAgentListener:
         async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             await self._on_connect(r, w, token)
 
-        server = await asyncio.start_server(
-            on_connect,
-            host=host,
-            port=port,
-            ssl=ssl_context,
-            ssl_handshake_timeout=HANDSHAKE_BOUND if ssl_context else None,
-            limit=STREAM_LIMIT,
-        )
+        server = await listen_tcp(on_connect, host, port, ssl_context, limit=STREAM_LIMIT)
         self._servers.append(server)
-        bound = server.sockets[0].getsockname()[1]
-        ep = TcpEndpoint(addr=tcp_addr(host, int(bound)))
+        ep = TcpEndpoint(addr=tcp_addr(host, bound_port(server)))
         self.endpoints.append(ep)
         return ep
 
@@ -824,18 +859,10 @@ class AcpAgentListener:
         assert task is not None
         self._conns[task] = writer
         try:
-            if token is not None:
-                try:
-                    ok = await wait_for(
-                        read_bearer_preamble(reader, token), HANDSHAKE_BOUND
-                    )
-                except (TimeoutError, OSError, ssl.SSLError, asyncio.IncompleteReadError):
-                    ok = False
-                if not ok:
-                    self.auth_failures += 1
-                    log.info("ACP listener %s: dropped a connection (bad bearer)", self.agent_id)
-                    writer.transport.abort()
-                    return
+            if not await admit(reader, writer, token):  # shared with every fake (listener)
+                self.auth_failures += 1
+                log.info("ACP listener %s: dropped a connection (bad bearer)", self.agent_id)
+                return
             if not self._accepting:
                 writer.transport.abort()
                 return

@@ -8,6 +8,11 @@ logs what the loss means (turn lost, reconnecting). `AcpDisconnectFilter`, insta
 log handlers by prosperod (and the standalone fake caliband), turns exactly those records into
 a one-line DEBUG record (dropped unless DEBUG logging is on). Anything else the SDK reports —
 a parse error, an unexpected exception type — keeps its level and traceback.
+
+Likewise a `session/update` the SDK cannot validate (an update kind newer than the pinned SDK,
+acp.md pitfall 3): the SDK logs it at ERROR with a traceback, while the ACP driver's raw
+observer has already recorded it with one warning line (`acp_unknown_updates`). The filter
+turns that SDK record into a DEBUG line too.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+
+from pydantic import ValidationError
 
 SDK_CONNECTION_MESSAGES = frozenset(
     {
@@ -29,18 +36,37 @@ DISCONNECT_ERRORS: tuple[type[BaseException], ...] = (
     ssl.SSLError,
     asyncio.IncompleteReadError,
 )
+SDK_NOTIFICATION_MESSAGE = "Unhandled error while handling notification method=%s"
+# Notifications the ACP driver records itself from its raw observer.
+OBSERVED_NOTIFICATIONS = frozenset({"session/update"})
+
+
+def _unknown_update(record: logging.LogRecord) -> bool:
+    if record.msg != SDK_NOTIFICATION_MESSAGE or not isinstance(record.args, tuple):
+        return False
+    exc = record.exc_info[1] if record.exc_info else None
+    return (
+        bool(record.args)
+        and record.args[0] in OBSERVED_NOTIFICATIONS
+        and isinstance(exc, ValidationError)
+    )
 
 
 class AcpDisconnectFilter(logging.Filter):
     """Demote the SDK's disconnect tracebacks to one DEBUG line (see the module doc)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name != "root" or record.msg not in SDK_CONNECTION_MESSAGES:
+        if record.name != "root":
             return True
         exc = record.exc_info[1] if record.exc_info else None
-        if not isinstance(exc, DISCONNECT_ERRORS):
+        if _unknown_update(record):
+            method = record.args[0] if isinstance(record.args, tuple) else "?"
+            errors = exc.error_count() if isinstance(exc, ValidationError) else 0
+            record.msg = f"ACP SDK dropped an unrecognised {method} ({errors} validation errors)"
+        elif record.msg in SDK_CONNECTION_MESSAGES and isinstance(exc, DISCONNECT_ERRORS):
+            record.msg = f"ACP connection ended ({record.msg.lower()}): {exc!r}"
+        else:
             return True
-        record.msg = f"ACP connection ended ({record.msg.lower()}): {exc!r}"
         record.args = None
         record.levelno = logging.DEBUG
         record.levelname = logging.getLevelName(logging.DEBUG)
