@@ -114,9 +114,10 @@ def git_repo(path: Path) -> Path:
 class LiveStack:
     """Runtime + HTTP API + fake calibands on a background event loop."""
 
-    def __init__(self, tmp: Path, tokens: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, tokens: dict[str, str] | None = None, **config: Any) -> None:
         self.tmp = tmp
         self.tokens = dict(tokens or {})
+        self.config = config  # extra DaemonConfig fields (e.g. allow_acp=True)
         self.rundir = short_tmpdir()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="cli-stack", daemon=True)
@@ -143,6 +144,7 @@ class LiveStack:
             autostart=False,
             poll_interval=0.1,
             default_env={"CALIBAN_DAEMON_RUNTIME_DIR": self.rundir},
+            **self.config,
         )
         self.runtime = Runtime(cfg)
         await self.runtime.start()

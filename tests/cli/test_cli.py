@@ -118,7 +118,9 @@ def test_spawn_worktree_allowlist_and_follow(cli: Cli, live: LiveStack) -> None:
     assert spec.isolation_worktree is True  # worktree isolation is the default
     assert spec.tool_allowlist == ["Read", "Grep"]
     assert spec.model == "claude-sonnet-4-6"
-    assert spec.permission_posture == "autonomous"
+    # the posture is Prospero's own (AgentMeta): never on caliband's wire
+    assert "permission_posture" not in live.fakes["alpha"].received_spec_keys[-1]
+    assert (live.agent(agent_id) or {}).get("posture") == "autonomous"
     assert spec.initial_prompt == "find the main function"
 
     res = cli("follow", agent_id)
@@ -335,13 +337,14 @@ def test_typos_show_usage_not_tracebacks(cli: Cli) -> None:
     res = cli("--help")
     assert res.exit_code == 0
     for cmd in ("workspace", "spawn", "ls", "status", "follow", "kill", "respawn", "rm",
-                "send", "end-input", "cancel", "usage", "demo"):  # fmt: skip
+                "send", "end-input", "cancel", "adopt", "usage", "demo"):  # fmt: skip
         assert cmd in res.stdout
     assert "--install-completion" in res.stdout  # shell completion is available
 
 
 def test_follow_a_killed_agent_ends(cli: Cli, live: LiveStack) -> None:
-    """A killed worker never writes RunEnd: follow stops shortly after the terminal status."""
+    """A killed worker never writes RunEnd: its history still ends, with agent_finished
+    `killed`, and follow stops there. A second kill is refused (the agent has finished)."""
     agent_id = spawn(cli, "beta", "slow job", "--label", "doomed")
     live.wait_status(agent_id, "running")
     assert cli("kill", agent_id).exit_code == 0
@@ -350,4 +353,6 @@ def test_follow_a_killed_agent_ends(cli: Cli, live: LiveStack) -> None:
     assert res.exit_code == 0, res.output
     assert "line 0001" in res.stdout
     assert "[status] running → killed" in res.stdout
-    assert "[finished]" not in res.stdout
+    assert "[finished] killed" in res.stdout
+    res = cli("kill", agent_id)
+    assert res.exit_code == 1 and "already finished" in res.stderr

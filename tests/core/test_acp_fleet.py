@@ -14,7 +14,7 @@ from acp.connection import StreamEvent
 from prospero.core import metrics as m
 from prospero.core.bus import InProcessBus
 from prospero.core.discovery import socket_path_for
-from prospero.core.drivers.acp import AcpDriver, acp_driver_factory
+from prospero.core.drivers.acp import AcpDriver, AcpResumeState, acp_driver_factory
 from prospero.core.drivers.base import DriverExit
 from prospero.core.emitter import Emitter
 from prospero.core.errors import Conflict
@@ -287,12 +287,17 @@ async def test_crash_mid_turn_is_a_lost_turn_and_the_agent_fails(env: Env) -> No
     assert not fin.ok and fin.result is not None and fin.result.text.startswith("abandoned")
     kinds = [e.kind.kind for e in evs]
     assert kinds.index("tool_finished") < kinds.index("turn_lost")
-    assert "agent_finished" not in kinds
     changes = [(e.kind.from_, e.kind.to) for e in evs if e.kind.kind == "status_changed"]
     assert changes[-1][1] == AgentStatus.failed
-    # The driver gives up (the endpoint is gone) or the manager closes it: no task hangs.
+    # The worker is gone without ending its run: the driver concludes it by itself (issue 9
+    # contract 4) — one agent_finished{crashed}, promptly, instead of spending its budget.
     exit_ = await manager.wait_driver(agent_id, T)
-    assert exit_ in (DriverExit.gave_up, DriverExit.closed)
+    assert exit_ is DriverExit.finished
+    evs = await env.events(agent_id)
+    ends = [e.kind for e in evs if isinstance(e.kind, AgentFinished)]
+    assert len(ends) == 1 and ends[0].outcome == "crashed" and ends[0].detail
+    kinds = [e.kind.kind for e in evs]
+    assert kinds.index("turn_lost") < kinds.index("agent_finished")
 
 
 async def test_steering_an_interactive_acp_agent(env: Env) -> None:
@@ -435,3 +440,97 @@ async def test_prosperod_stop_mid_turn_records_the_lost_turn_then_rejoins(env: E
     assert kinds.index("tool_finished") < kinds.index("turn_lost")  # open call closed first
     outputs = [e.kind.chunk for e in evs if e.kind.kind == "output"]
     assert outputs == ["working", "echo: are you back?"]
+
+
+async def test_a_fresh_store_never_reprompts_a_running_acp_agent(env: Env) -> None:
+    """Issue 9 item 9: a prosperod with a fresh store (or a second one on the same caliband)
+    lists the agent but does not drive it: no session, no second spawn prompt."""
+    await env.start()
+    agent_id = await env.spawn("chat with me", interactive=True)
+    await wait_until(lambda: env.has(agent_id, "turn_finished"), T, what="first turn")
+    listener = env.fake.acp_listeners[agent_id]
+    assert listener.agent is not None and listener.agent.prompts == ["chat with me"]
+    await env.stop()
+    sessions = len(listener.agent.sessions)
+
+    env.db = env.db.with_name("fresh.db")  # another prosperod, its own empty store
+    env.wire.outgoing.clear()
+    manager = await env.start()
+    await manager.poll_workspace("app")
+    assert agent_id in {a.id for a in manager.list_agents("app")}
+    await manager.poll_workspace("app")  # a second poll: still nothing driven
+    assert listener.agent.prompts == ["chat with me"]
+    assert len(listener.agent.sessions) == sessions and listener.agent.loads == []
+    assert "session/prompt" not in env.wire.methods()
+
+
+async def test_kill_mid_turn_finishes_killed_with_the_call_closed(env: Env) -> None:
+    manager = await env.start()
+    agent_id = await env.spawn("hang on")
+    await wait_until(lambda: env.has(agent_id, "tool_started"), T, what="turn running")
+    await manager.kill(agent_id)
+
+    async def finished() -> bool:
+        return await env.has(agent_id, "agent_finished")
+
+    await wait_until(finished, T, what="agent_finished")
+    evs = await env.events(agent_id)
+    ends = [e.kind for e in evs if isinstance(e.kind, AgentFinished)]
+    assert len(ends) == 1
+    # killed; Cancelled only if the agent answered the kill's session/cancel (and so ended
+    # its one-shot session) before caliband's kill landed.
+    assert ends[0].outcome in ("killed", "Cancelled")
+    lost = [e.kind for e in evs if isinstance(e.kind, TurnLost)]
+    assert all("connection to the agent was lost" not in t.reason for t in lost)
+    fin = [e.kind for e in evs if isinstance(e.kind, ToolFinished)]
+    assert len(fin) == 1 and not fin[0].ok
+
+
+async def test_an_agent_requiring_authentication_finishes_at_once_without_respawns(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 9 item 10: session/new → -32000 used to loop forever with no event. Now one
+    connection, `agent_finished{auth_required}` naming the methods, nothing redialled."""
+    from prospero.testkit import fake_acp
+
+    class NeedsAuth(fake_acp.FakeAcpAgent):
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(
+                *a,
+                auth_methods=[{"id": "chatgpt", "name": "Login with ChatGPT"}],
+                require_auth=True,
+                **kw,
+            )
+
+    monkeypatch.setattr(fake_acp, "FakeAcpAgent", NeedsAuth)
+    manager = await env.start()
+    agent_id = await env.spawn("say hi")
+    await wait_until(lambda: env.has(agent_id, "agent_finished"), T, what="agent_finished")
+    assert await manager.wait_driver(agent_id, T) is DriverExit.finished
+    evs = await env.events(agent_id)
+    (end,) = [e.kind for e in evs if isinstance(e.kind, AgentFinished)]
+    assert end.outcome == "auth_required" and end.detail is not None
+    assert "chatgpt" in end.detail
+    await manager.poll_workspace("app")
+    await manager.poll_workspace("app")
+    listener = env.fake.acp_listeners.get(agent_id)
+    if listener is not None:  # (the finished agent's worker may be released already)
+        assert listener.connections_total == 1
+        assert listener.agent is not None and listener.agent.prompts == []
+    assert "session/prompt" not in env.wire.methods()
+    assert env.wire.methods().count("initialize") == 1
+
+
+async def test_the_resume_state_is_committed_with_the_events_it_covers(env: Env) -> None:
+    """Contract 1: the FleetManager's sink takes `cursor=`; the stored state after a run is the
+    fold of the stored history (turns, no turn in flight, outcome)."""
+    await env.start()
+    agent_id = await env.spawn("session please")
+    await wait_until(lambda: env.has(agent_id, "agent_finished"), T, what="agent_finished")
+    await env.emitter.flush()
+    state = AcpResumeState.load(await env.store.load_cursor(agent_id))
+    assert state is not None and state.terminal and state.outcome == "EndOfTurn"
+    assert state.turns == 1 and state.initial_prompt_sent and state.in_flight is None
+    assert state.open_tools == [] and state.cost_total == 0.0123
+    evs = await env.events(agent_id)
+    assert state.session_id == next(e.kind.session_id for e in evs if e.kind.kind == "agent_init")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from prospero.core import metrics as m
 from prospero.core.bus import InProcessBus
+from prospero.core.drivers.base import DriverExit, DriverTarget
 from prospero.core.emitter import Emitter
 from prospero.core.errors import (
     AgentNotFound,
@@ -21,9 +24,11 @@ from prospero.core.errors import (
 from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
 from prospero.core.metrics import Metrics
 from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
+from prospero.core.wire.control import SpawnSpec
 from prospero.testkit import scripts
+from prospero.testkit.fake_caliband import FakeCaliband
 from prospero.types.api import SpawnRequest
-from prospero.types.events import FleetEvent
+from prospero.types.events import AgentFinished, FleetEvent
 from prospero.types.model import AgentStatus, RepoProviderConfig
 from tests.core.fleet_fixtures import FleetEnv, fleet_env, local_fleet
 from tests.support import short_tmpdir, wait_until
@@ -305,5 +310,348 @@ async def test_a_status_change_ends_a_reconnect_backoff(fleet_env: FleetEnv) -> 
         await wait_until(lambda: finished(s, rec.id), 10, what="run recovered after the nudge")
         assert s.metrics.get(m.TRANSCRIPT_RECOVERIES) == 1
         assert s.metrics.get(m.ATTACH_RECONNECTS) == 1
+    finally:
+        await s.stop()
+
+
+# --- Prospero's own agent metadata, discovery, catch-up, kill and adopt (issue 9) -------------
+
+ACP = FleetConfig(
+    poll_interval=0.1, backoff_base=0.02, backoff_cap=0.1, terminal_grace=0.2, allow_acp=True
+)
+
+
+def _count(kinds: list[str], kind: str) -> int:
+    return sum(1 for k in kinds if k == kind)
+
+
+async def test_posture_and_protocol_live_in_prosperos_store_not_in_the_echo(
+    fleet_env: FleetEnv,
+) -> None:
+    """caliband drops the spec keys it does not know: the posture never travels on the wire
+    and is never read back from `listed`; it survives a restart through AgentMeta."""
+    db = Path(short_tmpdir()) / "events.db"
+    first = Stack(fleet_env, db, poll=True)
+    await first.start()
+    await first.manager.add_workspace("app", str(fleet_env.root))
+    resp = await first.manager.spawn("app", SpawnRequest(prompt="hi", posture="supervised"))
+    assert "permission_posture" not in fleet_env.fake.received_spec_keys[-1]
+    listed = await local_fleet().list_agents(fleet_env.workspace)
+    (rec,) = [r for r in listed if r.id == resp.agent_id]
+    assert "permission_posture" not in rec.spec.to_wire()
+    agent = first.manager.get_agent(resp.agent_id)
+    assert (agent.posture, agent.spawned_here) == ("supervised", True)
+    assert agent.drive_protocol == "ndjson"
+    await wait_until(lambda: finished(first, resp.agent_id), 15, what="agent_finished")
+    await first.stop()
+
+    second = Stack(fleet_env, db, poll=True)
+    await second.start()
+    try:
+        await wait_until(lambda: second.manager.knows_agent(resp.agent_id), 10, what="listed")
+        again = second.manager.get_agent(resp.agent_id)
+        assert (again.posture, again.spawned_here) == ("supervised", True)
+        assert again.outcome == "EndOfTurn" and again.status == AgentStatus.done
+        # a restart does not re-announce an agent this store already knows
+        kinds = await second.kinds(resp.agent_id)
+        assert _count(kinds, "agent_discovered") == 0 and _count(kinds, "agent_finished") == 1
+    finally:
+        await second.stop()
+
+
+async def test_agent_discovered_once_per_store(fleet_env: FleetEnv) -> None:
+    rec = await fleet_env.fake.add_agent(script=[scripts.turn_start(0), scripts.sleep(3600)])
+    db = Path(short_tmpdir()) / "events.db"
+    for _ in range(3):  # three prosperod lives on one store
+        s = Stack(fleet_env, db, poll=True)
+        await s.start()
+        if not s.manager.list_workspaces():
+            await s.manager.add_workspace("app", str(fleet_env.root))
+        await wait_until(lambda s=s: s.manager.knows_agent(rec.id), 10, what="listed")
+        await wait_until(lambda s=s: _ge(_n_events(s, rec.id), 1), 10, what="something stored")
+        await s.stop()
+    kinds = [e.kind.kind for e in await _replay(db, rec.id)]
+    assert _count(kinds, "agent_discovered") == 1
+    # a fresh store has never seen it: discovered again, there
+    fresh = Stack(fleet_env, Path(short_tmpdir()) / "events.db", poll=True)
+    await fresh.start()
+    try:
+        await fresh.manager.add_workspace("app", str(fleet_env.root))
+        assert (await fresh.kinds(rec.id))[:1] == ["agent_discovered"]
+    finally:
+        await fresh.stop()
+
+
+async def _n_events(s: Stack, key: str) -> int:
+    return len(await s.events(key))
+
+
+async def _replay(db: Path, key: str) -> list[FleetEvent]:
+    store = SqliteEventStore(db)
+    await store.open()
+    try:
+        return await store.replay(key)
+    finally:
+        await store.close()
+
+
+async def test_agents_that_finished_while_prosperod_was_down_are_caught_up(
+    fleet_env: FleetEnv,
+) -> None:
+    """One agent was half-read when prosperod stopped, five were never seen at all: all six
+    end while nobody watches. On restart each gets one (bounded) catch-up run: its whole
+    history, `agent_finished` once, no duplicates, no gap."""
+    db = Path(short_tmpdir()) / "events.db"
+    long = scripts.long_script(400)
+    n_out = sum(1 for e in long if isinstance(e, dict) and e.get("type") == "AssistantTextDelta")
+    # paced, so that the pause below lands mid-run (unpaced, the run can end before it)
+    rec = await fleet_env.fake.add_agent(script=long, start=False, line_delay=0.002)
+    worker = fleet_env.fake.workers[rec.id]
+    first = Stack(fleet_env, db, poll=True)
+    await first.start()
+    await first.manager.add_workspace("app", str(fleet_env.root))
+    await wait_until(lambda: first.metrics.get("active_attaches") >= 1, 10, what="attached")
+    worker.start()
+    await wait_until(lambda: worker.lines_emitted >= 150, 20, what="150 lines")
+    worker.pause()
+    assert worker.lines_emitted < len(long) - 10  # stopped mid-run
+    seen = sum(1 for ln in worker.history if b"AssistantTextDelta" in ln)
+
+    async def outputs(s: Stack, key: str) -> int:
+        return sum(1 for e in await s.events(key) if e.kind.kind == "output")
+
+    await wait_until(lambda: _ge(outputs(first, rec.id), seen), 20, what="first run caught up")
+    await first.stop()
+    worker.resume()
+    unseen = [await fleet_env.fake.add_agent(script=long) for _ in range(5)]
+    everyone = [rec, *unseen]
+    for r in everyone:
+        w = fleet_env.fake.workers[r.id]
+        await w.wait_finished(20)
+        await wait_until(lambda r=r: fleet_env.fake.status_of(r.id) == AgentStatus.done, 10)
+
+    second = Stack(fleet_env, db, poll=True)
+    await second.start()
+    try:
+        for r in everyone:
+            await wait_until(lambda r=r: finished(second, r.id), 30, what=f"{r.id} caught up")
+        assert second.manager._catchup.total == 6
+        for r in everyone:
+            evs = await second.events(r.id)
+            kinds = [e.kind.kind for e in evs]
+            assert _count(kinds, "agent_finished") == 1 and "stream_gap" not in kinds
+            assert await outputs(second, r.id) == n_out
+            chunks = [e.kind.chunk for e in evs if e.kind.kind == "output"]
+            assert len(set(chunks)) == n_out
+            assert [e.seq for e in evs] == list(range(1, len(evs) + 1))
+    finally:
+        await second.stop()
+
+
+async def test_kill_of_a_finished_agent_is_refused_and_changes_nothing(stack: Stack) -> None:
+    resp = await stack.manager.spawn("app", SpawnRequest(prompt="hi"))
+    await wait_until(lambda: finished(stack, resp.agent_id), 15, what="agent_finished")
+
+    async def done() -> bool:
+        await stack.manager.poll_workspace("app")
+        return stack.manager.get_agent(resp.agent_id).status == AgentStatus.done
+
+    await wait_until(done, 10, what="done")
+    before = await stack.kinds(resp.agent_id)
+    with pytest.raises(InvalidState, match="already finished"):
+        await stack.manager.kill(resp.agent_id)
+    assert not any(type(r).__name__ == "KillReq" for r in stack.env.fake.requests)
+    assert stack.env.fake.status_of(resp.agent_id) == AgentStatus.done
+    assert stack.manager.get_agent(resp.agent_id).status == AgentStatus.done
+    assert await stack.kinds(resp.agent_id) == before
+
+
+async def test_kill_of_a_running_agent_ends_with_agent_finished_killed(stack: Stack) -> None:
+    resp = await stack.manager.spawn("app", SpawnRequest(prompt="long job"))
+    worker = stack.env.fake.workers[resp.agent_id]
+    await wait_until(lambda: worker.lines_emitted >= 1, 10, what="the run is going")
+    await stack.manager.kill(resp.agent_id)
+    await wait_until(lambda: finished(stack, resp.agent_id), 10, what="agent_finished")
+    evs = await stack.events(resp.agent_id)
+    fins = [e.kind for e in evs if e.kind.kind == "agent_finished"]
+    assert len(fins) == 1 and fins[0].outcome == "killed"
+    assert stack.manager.get_agent(resp.agent_id).status == AgentStatus.killed
+    with pytest.raises(InvalidState):
+        await stack.manager.kill(resp.agent_id)  # now it is finished
+
+
+async def _has(s: Stack, key: str, kind: str) -> bool:
+    return kind in await s.kinds(key)
+
+
+async def test_an_acp_agent_spawned_elsewhere_is_listed_never_driven_until_adopted(
+    fleet_env: FleetEnv,
+) -> None:
+    rec = await fleet_env.fake.add_agent(
+        spec=SpawnSpec(initial_prompt="someone else's task", drive_protocol="acp"),
+        interactive=True,
+    )
+    listener = fleet_env.fake.acp_listeners[rec.id]
+    s = Stack(fleet_env, Path(short_tmpdir()) / "events.db", poll=True, config=ACP)
+    await s.start()
+    try:
+        await s.manager.add_workspace("app", str(fleet_env.root))
+        polled = s.metrics.get(m.REPOS_POLLED)
+        await wait_until(lambda: s.metrics.get(m.REPOS_POLLED) >= polled + 5, 10, what="polls")
+        agent = s.manager.get_agent(rec.id)
+        assert agent.drive_protocol == "acp" and not agent.spawned_here and not agent.adopted
+        assert listener.connections_total == 0  # listed, never prompted
+        with pytest.raises(InvalidState, match="adopt"):
+            await s.manager.send_input(rec.id, "hello?")
+        adopted = await s.manager.adopt(rec.id)
+        assert adopted.adopted and adopted.drive_protocol == "acp"
+        await wait_until(lambda: listener.connections_total >= 1, 10, what="driven after adopt")
+        meta = await s.manager.agents.get_meta(rec.id)
+        assert meta is not None and meta.adopted and not meta.spawned_here
+        assert (await s.manager.adopt(rec.id)).adopted  # idempotent
+    finally:
+        await s.stop()
+
+
+async def test_a_second_prosperod_on_a_fresh_store_never_drives_the_first_ones_acp_agent(
+    fleet_env: FleetEnv,
+) -> None:
+    first = Stack(fleet_env, Path(short_tmpdir()) / "events.db", poll=True, config=ACP)
+    await first.start()
+    second = Stack(fleet_env, Path(short_tmpdir()) / "events.db", poll=True, config=ACP)
+    await second.start()
+    try:
+        await first.manager.add_workspace("app", str(fleet_env.root))
+        resp = await first.manager.spawn(
+            "app", SpawnRequest(prompt="chat", drive_protocol="acp", interactive=True)
+        )
+        listener = fleet_env.fake.acp_listeners[resp.agent_id]
+        await wait_until(lambda: _has(first, resp.agent_id, "turn_finished"), 10, what="turn 0")
+        await second.manager.add_workspace("app", str(fleet_env.root))
+        polled = second.metrics.get(m.REPOS_POLLED)
+        await wait_until(lambda: second.metrics.get(m.REPOS_POLLED) >= polled + 5, 10)
+        assert listener.connections_total == 1  # only the first prosperod's session
+        assert listener.agent is not None and len(listener.agent.prompts) == 1
+        assert not second.manager.get_agent(resp.agent_id).spawned_here
+    finally:
+        await second.stop()
+        await first.stop()
+    # the first prosperod comes back on a fresh store: it has no record of spawning it either
+    third = Stack(fleet_env, Path(short_tmpdir()) / "events.db", poll=True, config=ACP)
+    await third.start()
+    try:
+        await third.manager.add_workspace("app", str(fleet_env.root))
+        polled = third.metrics.get(m.REPOS_POLLED)
+        await wait_until(lambda: third.metrics.get(m.REPOS_POLLED) >= polled + 5, 10)
+        assert listener.connections_total == 1 and len(listener.agent.prompts) == 1
+    finally:
+        await third.stop()
+
+
+async def test_a_finished_acp_session_reads_finished_and_its_worker_is_released(
+    fleet_env: FleetEnv,
+) -> None:
+    """An agent without `session/close` keeps its worker `running` in caliband after the
+    session ended: Prospero shows its outcome, releases the worker (caliband kill) without
+    rewriting that outcome, and refuses a user kill."""
+    await fleet_env.fake.stop()
+    fleet_env.fake = await FakeCaliband.start_unix(
+        fleet_env.sock, root=fleet_env.root, acp_close_session=False
+    )
+    s = Stack(fleet_env, Path(short_tmpdir()) / "events.db", poll=True, config=ACP)
+    await s.start()
+    try:
+        await s.manager.add_workspace("app", str(fleet_env.root))
+        resp = await s.manager.spawn("app", SpawnRequest(prompt="do it", drive_protocol="acp"))
+        await wait_until(lambda: finished(s, resp.agent_id), 15, what="agent_finished")
+        await wait_until(
+            lambda: fleet_env.fake.status_of(resp.agent_id) == AgentStatus.killed,
+            10,
+            what="worker released",
+        )
+        kills = [r for r in fleet_env.fake.requests if type(r).__name__ == "KillReq"]
+        assert len(kills) == 1
+        await s.manager.poll_workspace("app")
+        agent = s.manager.get_agent(resp.agent_id)
+        assert agent.status == AgentStatus.done and agent.outcome == "EndOfTurn"
+        (listed,) = [a for a in s.manager.list_agents("app") if a.id == resp.agent_id]
+        assert listed.status == AgentStatus.done
+        evs = await s.events(resp.agent_id)
+        changes = [(e.kind.from_, e.kind.to) for e in evs if e.kind.kind == "status_changed"]
+        assert changes[-1][1] == AgentStatus.done
+        assert all(to != AgentStatus.killed for _f, to in changes)
+        with pytest.raises(InvalidState):
+            await s.manager.kill(resp.agent_id)
+        assert len([r for r in fleet_env.fake.requests if type(r).__name__ == "KillReq"]) == 1
+    finally:
+        await s.stop()
+
+
+class _SilentDriver:
+    """A driver that never sees its run end by itself (it only stops when closed): the
+    manager's terminal-grace fallback must conclude it, once."""
+
+    protocol = "ndjson"
+    made: list[_SilentDriver] = []
+
+    def __init__(self, target: DriverTarget, sink: Any, *_args: Any) -> None:
+        self.target, self.sink = target, sink
+        self.concluded: list[tuple[str, str]] = []
+        self.statuses: list[AgentStatus | None] = []
+        self._closed = asyncio.Event()
+        self._finished = False
+        _SilentDriver.made.append(self)
+
+    async def run(self) -> DriverExit:
+        self.statuses.append(self.target.status())
+        await self._closed.wait()
+        return DriverExit.closed
+
+    async def conclude(self, outcome: str, detail: str) -> None:
+        if self._finished:
+            return
+        self.concluded.append((outcome, detail))
+        self._finished = True
+        await self.sink(AgentFinished(outcome=outcome, detail=detail))
+
+    async def send_input(self, text: str) -> None: ...
+
+    async def end_input(self) -> None: ...
+
+    async def cancel_turn(self) -> None: ...
+
+    async def close(self) -> None:
+        self._closed.set()
+
+    def nudge(self) -> None:
+        self.statuses.append(self.target.status())
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+
+async def test_a_terminal_agent_whose_run_never_ended_is_concluded_once(
+    fleet_env: FleetEnv,
+) -> None:
+    _SilentDriver.made.clear()
+    s = Stack(fleet_env, Path(short_tmpdir()) / "events.db", poll=True)
+    await s.start()
+    s.manager.driver_factories["ndjson"] = _SilentDriver  # type: ignore[assignment]
+    try:
+        await s.manager.add_workspace("app", str(fleet_env.root))
+        resp = await s.manager.spawn("app", SpawnRequest(prompt="long job"))
+        (driver,) = _SilentDriver.made
+        assert driver.target.session_dir  # filled in from caliband's record after the spawn
+        await s.manager.kill(resp.agent_id)
+        await wait_until(lambda: finished(s, resp.agent_id), 10, what="concluded")
+        assert driver.statuses[-1] == AgentStatus.killed  # nudged, with caliband's status
+        assert driver.concluded[0][0] == "killed" and len(driver.concluded) == 1
+        polled = s.metrics.get(m.REPOS_POLLED)
+        await wait_until(lambda: s.metrics.get(m.REPOS_POLLED) >= polled + 5, 10, what="polls")
+        assert len(driver.concluded) == 1
+        assert _count(await s.kinds(resp.agent_id), "agent_finished") == 1
+        agent = s.manager.get_agent(resp.agent_id)
+        assert (agent.status, agent.outcome) == (AgentStatus.killed, "killed")
     finally:
         await s.stop()

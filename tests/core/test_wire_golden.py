@@ -7,7 +7,9 @@ import pytest
 from pydantic import ValidationError
 
 from prospero.core.wire.control import (
+    AGENT_RECORD_FIELDS,
     ATTACH_INBOUND_ADAPTER,
+    CALIBAND_SPEC_FIELDS,
     CTL_REPLY_ADAPTER,
     CTL_REQUEST_ADAPTER,
     AgentRecord,
@@ -239,14 +241,28 @@ def test_caliban_full_spec_keeps_hooks_config_and_source() -> None:
     assert orjson.loads(orjson.dumps(spec.to_wire())) == orjson.loads(line)
 
 
-def test_prospero_spec_additions_only_when_set() -> None:
+def test_drive_protocol_only_when_acp_and_nothing_else_of_prosperos() -> None:
     base = SpawnSpec(initial_prompt="x").to_wire()
-    assert "drive_protocol" not in base and "permission_posture" not in base
-    extra = SpawnSpec(
-        initial_prompt="x", drive_protocol="acp", permission_posture="supervised"
-    ).to_wire()
-    assert extra["drive_protocol"] == "acp" and extra["permission_posture"] == "supervised"
-    assert SpawnSpec.model_validate(extra) == SpawnSpec.model_validate(extra | {"zz": 1})
+    assert "drive_protocol" not in base
+    extra = SpawnSpec(initial_prompt="x", drive_protocol="acp").to_wire()
+    assert extra["drive_protocol"] == "acp"
+    # Everything a spec serialises is a key caliband knows (§3.1 + `drive_protocol`): the
+    # posture and the rest of Prospero's own metadata live in its store (AgentMeta).
+    assert set(extra) <= CALIBAND_SPEC_FIELDS
+    echoed = SpawnSpec.model_validate(extra | {"permission_posture": "supervised", "zz": 1})
+    assert echoed == SpawnSpec.model_validate(extra)
+    assert "permission_posture" not in echoed.to_wire()
+
+
+def test_listed_fixture_record_has_exactly_the_record_fields() -> None:
+    listed = next(
+        orjson.loads(ln)
+        for ln in fixture_lines("control-replies.ndjson")
+        if orjson.loads(ln)["kind"] == "listed"
+    )
+    (rec,) = listed["agents"]
+    assert set(rec) == AGENT_RECORD_FIELDS
+    assert set(rec["spec"]) <= CALIBAND_SPEC_FIELDS
 
 
 # --- attach inbound, preamble -------------------------------------------------------------------

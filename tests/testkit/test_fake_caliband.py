@@ -20,6 +20,8 @@ from prospero.core.caliband_client import CalibandClient
 from prospero.core.errors import AgentNotFound, InvalidState, ProtocolError
 from prospero.core.transport import NetworkSecurity, open_endpoint, read_line, send_one_line
 from prospero.core.wire.control import (
+    AGENT_RECORD_FIELDS,
+    CALIBAND_SPEC_FIELDS,
     Endpoint,
     SpawnSpec,
     TcpEndpoint,
@@ -30,7 +32,7 @@ from prospero.testkit.certs import CertBundle, make_certs
 from prospero.testkit.fake_agent import FakeAgentWorker, exit_code_for
 from prospero.testkit.fake_caliband import FakeCaliband
 from prospero.types.model import AgentStatus
-from tests.support import short_tmpdir, wait_until
+from tests.support import fixture_lines, short_tmpdir, wait_until
 
 TOKEN = "s3cr3t-token"
 
@@ -537,12 +539,7 @@ async def test_shutdown_acks_then_stops_accepting(fake: FakeCaliband) -> None:
 
 async def test_spawn_record_shape_and_lifecycle(fake: FakeCaliband) -> None:
     client = CalibandClient(fake.endpoint)
-    spec = SpawnSpec(
-        initial_prompt="hi",
-        label="fixer",
-        tool_allowlist=["Read"],
-        permission_posture="supervised",
-    )
+    spec = SpawnSpec(initial_prompt="hi", label="fixer", tool_allowlist=["Read"])
     spawned = await client.spawn(spec)
     assert re.fullmatch(r"[0-9a-f]{12}", spawned.id)
     ep = spawned.endpoint
@@ -555,10 +552,10 @@ async def test_spawn_record_shape_and_lifecycle(fake: FakeCaliband) -> None:
     assert rec.status in (AgentStatus.running, AgentStatus.done)
     assert dt.datetime.fromisoformat(rec.started_at).tzinfo is not None
     assert _isdir(rec.session_dir)
-    assert rec.spec.drive_protocol == "ndjson" and rec.spec.permission_posture == "supervised"
+    assert rec.spec.drive_protocol == "ndjson"
     manifest = orjson.loads(_read(Path(rec.session_dir, "manifest.json")))
     assert manifest["id"] == spawned.id
-    # the listed spec carries caliban's `source: null` and the Prospero additions
+    # the listed spec carries caliban's `source: null`
     (raw,) = (await raw_exchange(fake.endpoint, b'{"kind":"list"}\n'))[0]["agents"]
     # (an ACP spawn's `drive_protocol` round trip: tests/testkit/test_fake_acp.py)
     assert raw["spec"]["source"] is None and "drive_protocol" not in raw["spec"]
@@ -923,3 +920,57 @@ async def test_process_network_mode_fails_closed(tmp_path: Path) -> None:
     )
     _, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 78 and b"--token" in err
+
+
+# --- golden: the fake's replies carry exactly the recorded wire's keys ------------------------
+
+
+def _fixture_reply(kind: str) -> dict[str, Any]:
+    replies = [orjson.loads(ln) for ln in fixture_lines("control-replies.ndjson")]
+    return next(r for r in replies if r["kind"] == kind)
+
+
+async def test_listed_and_spawned_key_sets_match_the_recorded_wire(fake: FakeCaliband) -> None:
+    """caliband echoes only its own spec fields: a spawn carrying an unknown key (as
+    Prospero's `permission_posture` once did) comes back in `listed` without it, and every
+    record and spec has exactly the keys of the recorded `listed` reply. No test can pass on a
+    field the real wire does not carry."""
+    recorded_listed = _fixture_reply("listed")
+    (recorded_rec,) = recorded_listed["agents"]
+    recorded_spawned = _fixture_reply("spawned")
+    spec = orjson.loads(fixture_lines("spawn-specs.ndjson")[0])
+    spec["permission_posture"] = "supervised"  # not a caliband field
+    spec["isolation_worktree"] = False
+    line = orjson.dumps({"kind": "spawn", "spec": spec}) + b"\n"
+    (spawned,) = await raw_exchange(fake.endpoint, line)
+    assert set(spawned) == set(recorded_spawned)
+    assert set(spawned["endpoint"]) == set(recorded_spawned["endpoint"])
+    assert fake.received_spec_keys[-1] == sorted(spec)  # it did arrive ...
+    (listed,) = await raw_exchange(fake.endpoint, b'{"kind":"list"}\n')
+    assert set(listed) == set(recorded_listed)
+    (rec,) = listed["agents"]
+    assert set(rec) == set(recorded_rec) == AGENT_RECORD_FIELDS
+    assert set(rec["spec"]) == set(recorded_rec["spec"])  # ... and was dropped
+    assert "permission_posture" not in rec["spec"] and rec["spec"]["source"] is None
+    assert set(rec["endpoint"]) == set(recorded_rec["endpoint"])
+    # optional caliban keys appear only when set; `drive_protocol` only for ACP (caliban 0.14)
+    hooks = orjson.loads(fixture_lines("spawn-specs.ndjson")[-1])
+    hooks.pop("source")  # the fake's root has no `gonzalo` checkout
+    hooks["isolation_worktree"] = False
+    (reply,) = await raw_exchange(
+        fake.endpoint, orjson.dumps({"kind": "spawn", "spec": hooks}) + b"\n"
+    )
+    assert reply["kind"] == "spawned", reply
+    (listed,) = await raw_exchange(fake.endpoint, b'{"kind":"list"}\n')
+    last = next(a for a in listed["agents"] if a["id"] == reply["id"])
+    assert set(last["spec"]) == set(recorded_rec["spec"]) | {"inherited_hooks_config"}
+    assert set(last["spec"]) <= CALIBAND_SPEC_FIELDS
+    acp = {"initial_prompt": "hi", "drive_protocol": "acp", "permission_posture": "supervised"}
+    (reply,) = await raw_exchange(
+        fake.endpoint, orjson.dumps({"kind": "spawn", "spec": acp}) + b"\n"
+    )
+    (listed,) = await raw_exchange(fake.endpoint, b'{"kind":"list"}\n')
+    acp_rec = next(a for a in listed["agents"] if a["id"] == reply["id"])
+    assert set(acp_rec) == AGENT_RECORD_FIELDS
+    assert set(acp_rec["spec"]) == set(recorded_rec["spec"]) | {"drive_protocol"}
+    assert acp_rec["spec"]["drive_protocol"] == "acp"

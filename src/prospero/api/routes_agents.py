@@ -15,7 +15,7 @@ from prospero.api.responses import empty, errors, json_response
 from prospero.api.sse import StreamSession, encode_agent_item
 from prospero.core.errors import AgentNotFound
 from prospero.core.subscription import follow_stream
-from prospero.types.api import AgentInputBody, RespawnedResponse
+from prospero.types.api import AdoptBody, AgentInputBody, RespawnedResponse
 from prospero.types.events import FleetEvent
 from prospero.types.model import Agent
 
@@ -123,10 +123,27 @@ async def agent_stream(
     status_code=202,
     response_class=Response,
     responses=errors(404, 409, 503),
+    summary="Kill a live agent (ends with agent_finished `killed`); 409 for a finished one",
 )
 async def kill(st: State, agent_id: str) -> Response:
     await st.manager.kill(agent_id)
     return empty(202)
+
+
+@router.post(
+    "/api/agents/{agent_id}/adopt",
+    response_model=Agent,
+    responses=errors(404, 409, 422, 503),
+    summary="Drive an agent this control plane did not spawn (an ACP agent is otherwise only listed)",
+    description=(
+        "Records in Prospero's own metadata that this control plane drives the agent (and with "
+        "which protocol, default: what caliband's record says), then starts its driver. "
+        "Idempotent for an agent already driven here; 409 for a finished agent."
+    ),
+)
+async def adopt(st: State, agent_id: str, body: AdoptBody | None = None) -> Response:
+    agent = await st.manager.adopt(agent_id, body.drive_protocol if body is not None else None)
+    return json_response(agent)
 
 
 @router.post(

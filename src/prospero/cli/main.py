@@ -489,6 +489,34 @@ def kill(
     _agent_action(ctx, addr, token, agent_id, "kill", f"kill requested for {agent_id}")
 
 
+@app.command("adopt")
+@handle_errors
+def adopt(
+    ctx: typer.Context,
+    agent_id: Annotated[str, typer.Argument(metavar="ID")],
+    drive_protocol: Annotated[
+        DriveProtocolOpt | None,
+        typer.Option("--drive-protocol", help="Drive it with this protocol (default: caliband's)."),
+    ] = None,
+    output: OutputOpt = None,
+    addr: AddrOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Drive an agent this control plane did not spawn (ACP agents are otherwise only listed)."""
+    body = {"drive_protocol": drive_protocol.value} if drive_protocol is not None else None
+    with _client(ctx, addr, token) as c:
+        data = c.request(
+            "POST", f"/api/agents/{seg(agent_id)}/adopt", json_body=body, send_body=True
+        ).json()
+    if _fmt(ctx, output) is OutputFormat.json:
+        _print_json(data)
+        return
+    _console().print(
+        f"adopted {agent_id} ({escape(str(data.get('drive_protocol')))}, "
+        f"{escape(str(data.get('status')))})"
+    )
+
+
 @app.command("respawn")
 @handle_errors
 def respawn(

@@ -16,6 +16,7 @@ from prospero.core.aio import wait_for
 from prospero.core.bus import InProcessBus
 from prospero.core.decisions import DecisionConfig, DecisionService
 from prospero.core.drivers.acp import acp_driver_factory
+from prospero.core.drivers.acp.auth import workspace_credentials
 from prospero.core.emitter import Emitter
 from prospero.core.fleet.local import CalibandNetworkConfig, LocalFleet, LocalFleetConfig
 from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
@@ -23,6 +24,7 @@ from prospero.core.fleet.provider import FleetProvider
 from prospero.core.metrics import Metrics
 from prospero.core.ratecard import RateCard
 from prospero.core.retention import RetentionTask
+from prospero.core.store.agents_sqlite import SqliteAgentMetaStore
 from prospero.core.store.decisions_sqlite import SqliteDecisionStore
 from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
 
@@ -78,6 +80,7 @@ class Runtime:
         self._provider_override = provider
         self.store: SqliteEventStore | None = None
         self.config_store: SqliteConfigStore | None = None
+        self.agents: SqliteAgentMetaStore | None = None
         self.bus = InProcessBus(buffer=config.bus_buffer, metrics=self.metrics)
         self.emitter: Emitter | None = None
         self.manager: FleetManager | None = None
@@ -91,6 +94,9 @@ class Runtime:
         await self.store.open()
         self.config_store = SqliteConfigStore(cfg.db_path)
         await self.config_store.open()
+        # Prospero's own per-agent metadata (posture, protocol, spawned or adopted here).
+        self.agents = SqliteAgentMetaStore(cfg.db_path)
+        await self.agents.open()
         self.emitter = Emitter(self.store, self.bus, self.metrics)
         await self.emitter.start()
         self.decisions = DecisionService(
@@ -104,8 +110,12 @@ class Runtime:
         )
         await self.decisions.start()
         factories = default_driver_factories()
-        # Supervised ACP agents' permission requests become pending decisions.
-        factories["acp"] = acp_driver_factory(broker=self.decisions)
+        # Supervised ACP agents' permission requests become pending decisions; an agent that
+        # requires ACP `authenticate` uses a method its workspace has credentials for.
+        factories["acp"] = acp_driver_factory(
+            broker=self.decisions,
+            credentials=workspace_credentials(self.config_store, cfg.default_env),
+        )
         provider = self._provider_override or LocalFleet(
             LocalFleetConfig(
                 autostart=cfg.autostart,
@@ -130,6 +140,7 @@ class Runtime:
             ),
             driver_factories=factories,
             decisions=self.decisions,
+            agents=self.agents,
         )
         await self.manager.start()
         if cfg.retention_days > 0:
@@ -153,6 +164,8 @@ class Runtime:
                 await wait_for(self.emitter.close(), 10.0)
         if self.config_store is not None:
             await self.config_store.close()
+        if self.agents is not None:
+            await self.agents.close()
         if self.store is not None:
             await self.store.close()
 

@@ -13,6 +13,7 @@ As a process (stands in for a real caliband binary, e.g. behind autostart):
 
     python -m prospero.testkit.fake_caliband [--socket PATH] [--workspace-root DIR] [--script FILE]
     python -m prospero.testkit.fake_caliband --listen HOST:PORT --tls-cert F --tls-key F --token T
+    python -m prospero.testkit.fake_caliband ... --scenario FILE  # script + FaultPlan per prompt
 
 ACP agents (`SpawnSpec.drive_protocol == "acp"`, ADR 0011): the per-agent endpoint (same
 allocation, same Unix or TLS + token rules) serves ACP instead of the NDJSON attach stream, via
@@ -57,6 +58,7 @@ from prospero.core.discovery import socket_path_for
 from prospero.core.drivers import acp_sdk_logs
 from prospero.core.transport import MAX_LINE, describe
 from prospero.core.wire.control import (
+    CALIBAND_SPEC_FIELDS,
     CTL_REQUEST_ADAPTER,
     AgentRecord,
     AttachAckReply,
@@ -90,7 +92,9 @@ from prospero.core.wire.control import (
 from prospero.testkit import scripts
 from prospero.testkit.acp_scripts import AcpScript, default_acp_script
 from prospero.testkit.certs import server_ssl_context
-from prospero.testkit.fake_agent import FakeAgentWorker, read_bearer_preamble, tcp_addr
+from prospero.testkit.fake_agent import FakeAgentWorker
+from prospero.testkit.faults import FaultPlan, Scenario
+from prospero.testkit.listener import admit, bound_port, listen_tcp, listen_unix, tcp_addr
 from prospero.types.model import AgentStatus
 
 if TYPE_CHECKING:
@@ -98,7 +102,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HANDSHAKE_BOUND = 10.0
 REQUEST_KINDS = (
     "list",
     "spawn",
@@ -116,6 +119,7 @@ _SOURCE_RE = re.compile(r"^[^/\\]+$")
 
 ScriptFor = Callable[[SpawnSpec], Sequence[dict[str, Any] | str]]
 AcpScriptFor = Callable[[SpawnSpec], AcpScript]
+FaultPlanFor = Callable[[SpawnSpec], FaultPlan | None]
 
 
 class SpawnFailed(Exception):
@@ -151,7 +155,11 @@ class FakeCaliband:
         acp_script_for: AcpScriptFor | None = None,
         acp_command: Sequence[str] | None = None,
         acp_load_session: bool = True,
+        acp_close_session: bool = True,
+        fault_plan_for: FaultPlanFor | None = None,
     ) -> None:
+        # Per spawned NDJSON agent: the worker's FaultPlan (prospero.testkit.faults), or None.
+        self.fault_plan_for: FaultPlanFor = fault_plan_for or (lambda _s: None)
         self.linger = linger
         # ACP agents: a scripted FakeAcpAgent per agent, or a bridge to a stdio command.
         self.acp_script_for: AcpScriptFor = acp_script_for or (lambda _s: default_acp_script())
@@ -162,6 +170,9 @@ class FakeCaliband:
             else None
         )
         self.acp_load_session = acp_load_session
+        # Scripted ACP agents advertise `session/close` (and exit on it); without, a finished
+        # session leaves the worker running until kill/rm, as third-party agents do.
+        self.acp_close_session = acp_close_session
         # Workers of new agents start with playback paused (tests resume them via `workers`).
         self.start_paused = start_paused
         self.root: Path | None = Path(root) if root is not None else None
@@ -188,6 +199,7 @@ class FakeCaliband:
         self.workers: dict[str, FakeAgentWorker] = {}  # every worker ever started, by agent id
         self.acp_listeners: dict[str, AcpAgentListener] = {}  # every ACP agent's listener
         self.received_specs: list[SpawnSpec] = []
+        self.received_spec_keys: list[list[str]] = []  # every spawn's spec keys, as sent
         self.received_attach_ids: list[str] = []
         self.requests: list[BaseModel] = []  # every well-formed request, in arrival order
         self.bad_requests: list[bytes] = []
@@ -244,11 +256,8 @@ class FakeCaliband:
         return fake
 
     async def listen_unix(self, path: str) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._server = await asyncio.start_unix_server(
-            self._on_connect, path=path, limit=MAX_LINE + 1
-        )
-        self._unix_path = (path, os.stat(path).st_ino)
+        self._server, ino = await listen_unix(self._on_connect, path, limit=MAX_LINE + 1)
+        self._unix_path = (path, ino)
         self._endpoint = UnixEndpoint(path=path)
         self._shutdown.clear()  # listening again after a `shutdown` (a restarted daemon)
 
@@ -260,15 +269,8 @@ class FakeCaliband:
         self._ssl = server_ssl_context(cert_pem, key_pem) if cert_pem and key_pem else None
         self._token = token
         self._tcp_host = host
-        self._server = await asyncio.start_server(
-            self._on_connect,
-            host=host,
-            port=port,
-            ssl=self._ssl,
-            ssl_handshake_timeout=HANDSHAKE_BOUND if self._ssl else None,
-            limit=MAX_LINE + 1,
-        )
-        bound = int(self._server.sockets[0].getsockname()[1])
+        self._server = await listen_tcp(self._on_connect, host, port, self._ssl, limit=MAX_LINE + 1)
+        bound = bound_port(self._server)
         if self.advertise_host is None:
             self.advertise_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
         self._endpoint = TcpEndpoint(
@@ -429,18 +431,10 @@ class FakeCaliband:
         self.connections_total += 1
         shutdown = False
         try:
-            if self._token is not None:
-                try:
-                    ok = await wait_for(
-                        read_bearer_preamble(reader, self._token), HANDSHAKE_BOUND
-                    )
-                except (TimeoutError, OSError, asyncio.IncompleteReadError):
-                    ok = False
-                if not ok:
-                    self.auth_failures += 1
-                    log.info("fake caliband: dropped a connection (bad bearer preamble)")
-                    writer.transport.abort()
-                    return
+            if not await admit(reader, writer, self._token):  # shared with every fake
+                self.auth_failures += 1
+                log.info("fake caliband: dropped a connection (bad bearer preamble)")
+                return
             while True:
                 last = False
                 try:
@@ -490,6 +484,13 @@ class FakeCaliband:
         if kind not in REQUEST_KINDS:
             expected = ", ".join(f"`{k}`" for k in REQUEST_KINDS)
             return self._bad(line, f"unknown variant `{kind}`, expected one of {expected}"), False
+        if kind == "spawn" and isinstance(obj.get("spec"), dict):
+            # Like caliband's serde: spec keys it does not know are dropped, never stored, so
+            # `listed` echoes only caliband's own fields (a Prospero-only key such as
+            # `permission_posture` does not come back).
+            self.received_spec_keys.append(sorted(obj["spec"]))
+            spec = {k: v for k, v in obj["spec"].items() if k in CALIBAND_SPEC_FIELDS}
+            obj = {**obj, "spec": spec}
         try:
             req = CTL_REQUEST_ADAPTER.validate_python(obj)
         except ValidationError as e:
@@ -726,6 +727,7 @@ class FakeCaliband:
             on_exit=lambda code: self._on_worker_exit(agent, code),
             transcript_path=Path(rec.session_dir) / "stdout.ndjson" if rec.session_dir else None,
             linger=self.linger,
+            fault_plan=self.fault_plan_for(rec.spec),
         )
         agent.worker = worker
         self.workers[rec.id] = worker
@@ -748,10 +750,12 @@ class FakeCaliband:
         else:
             acp_script = script if script is not None else self.acp_script_for(rec.spec)
             model = rec.spec.model
-            load = self.acp_load_session
+            load, close = self.acp_load_session, self.acp_close_session
             listener = AcpAgentListener(
                 rec.id,
-                agent_factory=lambda: FakeAcpAgent(acp_script, load_session=load, model=model),
+                agent_factory=lambda: FakeAcpAgent(
+                    acp_script, load_session=load, close_session=close, model=model
+                ),
                 on_exit=on_exit,
                 linger=self.linger,
             )
@@ -875,6 +879,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help='bridge every ACP agent to this stdio ACP command, e.g. "node path/agent.js"',
     )
     p.add_argument("--acp-script", default=None, help="JSON AcpScript the scripted ACP agents play")
+    p.add_argument(
+        "--scenario", default=None, help="JSON faults.Scenario: script + fault plan per prompt"
+    )
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -889,6 +896,21 @@ async def _amain(args: argparse.Namespace) -> int:
         kwargs["acp_script_for"] = lambda _spec: acp_script
     if args.data_base:
         kwargs["data_dir"] = args.data_base
+    if args.scenario:
+        scenario = Scenario.load(args.scenario)
+
+        def entry_script(spec: SpawnSpec) -> Sequence[dict[str, Any] | str]:
+            e = scenario.entry(spec.initial_prompt)
+            if e is not None:
+                return e.script.build()
+            return script if script is not None else scripts.default_script()
+
+        def entry_plan(spec: SpawnSpec) -> FaultPlan | None:
+            e = scenario.entry(spec.initial_prompt)
+            return e.plan if e is not None else None
+
+        kwargs["script_for"] = entry_script
+        kwargs["fault_plan_for"] = entry_plan
     root = args.workspace_root
     if args.listen:
         token = (args.token or "").strip()

@@ -53,6 +53,14 @@ class AgentInputBody(BaseModel):
     text: str = Field(min_length=1, max_length=1_000_000)
 
 
+class AdoptBody(BaseModel):
+    """`POST /api/agents/{id}/adopt`: drive an agent this control plane did not spawn."""
+
+    model_config = ConfigDict(extra="forbid")
+    # The protocol to drive it with; default: what caliband's record says (else NDJSON).
+    drive_protocol: DriveProtocol | None = None
+
+
 class AddWorkspaceBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

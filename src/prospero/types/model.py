@@ -79,6 +79,37 @@ class Agent(BaseModel):
     posture: Posture | None = None
     model: str | None = None
     label: str | None = None
+    # Whether this control plane spawned (or adopted) the agent, and the final outcome its
+    # driver recorded (null while it runs, or when Prospero never saw the end).
+    spawned_here: bool = False
+    adopted: bool = False
+    outcome: str | None = None
+
+
+class AgentMeta(BaseModel):
+    """What Prospero itself knows about an agent, kept in its own store (never read back from
+    caliband's echo of the SpawnSpec, which carries only caliband's own fields).
+
+    Written at spawn (`spawned_here`), or when a user adopts an agent this control plane did
+    not spawn (`adopted`). `outcome` is the agent's final outcome once its driver finished
+    (an ACP session that ended reads as finished although caliband still lists its worker)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    agent_id: str
+    workspace: str
+    spawned_here: bool = False
+    drive_protocol: DriveProtocol = "ndjson"
+    posture: Posture | None = None
+    prompt: str | None = None
+    adopted: bool = False
+    created_at: str = ""
+    outcome: str | None = None
+
+    @property
+    def drivable(self) -> bool:
+        """An ACP agent is driven only by the control plane that spawned or adopted it."""
+        return self.spawned_here or self.adopted
 
 
 class Workspace(BaseModel):

@@ -4,6 +4,11 @@ It keeps the workspace registry, polls each workspace's agents, diffs the result
 lifecycle events, runs one AgentDriver per active agent (whose events it sequences, stores and
 publishes through the Emitter), and exposes the operations the API needs. It never supervises:
 spawn, kill, respawn and rm go to the provider (caliband).
+
+Parts: `operations.py` (the agent operations), `ending.py` (how a run ends: conclude, outcome,
+ACP worker release), `meta.py` (caliband's record overlaid with Prospero's AgentMeta),
+`catchup.py` (first sight of an agent; catch-up of agents that ended while nobody watched),
+`state.py` (the shared config, slot and seams).
 """
 
 from __future__ import annotations
@@ -11,60 +16,63 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from prospero.core import metrics as m
 from prospero.core.aio import wait_for
 from prospero.core.drivers.base import (
     AgentDriver,
     DriverExit,
-    DriverOptions,
     DriverTarget,
-    EventSink,
 )
 from prospero.core.errors import (
     AgentNotFound,
     CalibandUnreachable,
     Conflict,
-    InvalidState,
     ProsperoError,
     ProtocolError,
     TransportError,
     Unsupported,
     WorkspaceNotFound,
 )
+from prospero.core.fleet.catchup import CatchUpGate, FirstSight, first_sight
+from prospero.core.fleet.ending import RunEnding
+from prospero.core.fleet.meta import agent_view, drivable, drive_protocol, effective_status
+from prospero.core.fleet.operations import AgentOperations
 from prospero.core.fleet.provider import FleetProvider
+from prospero.core.fleet.state import (
+    AgentSlot,
+    CursorStoreLike,
+    DecisionHooks,
+    DriverFactory,
+    EmitterLike,
+    FleetConfig,
+)
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership, SelfOwnsAll
-from prospero.core.provider_env import check_spawnable, validate_config
-from prospero.core.ratecard import RateCard
+from prospero.core.provider_env import validate_config
 from prospero.core.sources import canonical_root, discover_sources
-from prospero.core.store.base import ConfigStore, EventStore
-from prospero.core.wire.control import AgentRecord, Endpoint, SpawnSpec
-from prospero.types.api import Readiness, SpawnedResponse, SpawnRequest, WorkspaceSummary
+from prospero.core.store.agents_sqlite import MemoryAgentMetaStore, SqliteAgentMetaStore
+from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
+from prospero.core.wire.control import AgentRecord, Endpoint
+from prospero.types.api import Readiness, WorkspaceSummary
 from prospero.types.events import (
     AgentDiscovered,
     AgentGone,
-    AgentSpawned,
     CompactKind,
     EventKind,
-    FleetEvent,
     RepoHealth,
     StatusChanged,
     TurnLost,
     expand_kind,
-    now_ts,
     stream_key_for,
 )
 from prospero.types.model import (
     Agent,
+    AgentMeta,
     AgentStatus,
     FleetSnapshot,
     Healthy,
-    Posture,
     RegisteredWorkspace,
     RepoProviderConfig,
     Unreachable,
@@ -74,119 +82,70 @@ from prospero.types.model import (
 
 log = logging.getLogger(__name__)
 
-
-class EmitterLike(Protocol):
-    async def emit(self, repo: str, agent_id: str, kind: EventKind) -> FleetEvent: ...
-
-    async def flush(self) -> None:
-        """Wait until everything emitted so far is committed (or given up on)."""
-        ...
-
-
-class CursorStoreLike(Protocol):
-    async def save_cursor(self, key: str, data: bytes) -> None: ...
-
-    async def load_cursor(self, key: str) -> bytes | None: ...
-
-
-class DecisionHooks(Protocol):
-    """The pending-decision surface (prospero.core.decisions.DecisionService): the manager
-    resolves an agent's pending permission asks when it kills, cancels, removes or sees the
-    agent end, and stamps a workspace's default posture on spawns that choose none."""
-
-    async def cancel_agent(self, agent_id: str, reason: str) -> int: ...
-
-    async def default_posture(self, workspace: str) -> Posture | None: ...
-
-
-class DriverFactory(Protocol):
-    def __call__(
-        self,
-        target: DriverTarget,
-        sink: EventSink,
-        options: DriverOptions,
-        metrics: Metrics,
-        cursor_store: CursorStoreLike | None,
-    ) -> AgentDriver: ...
-
-
-@dataclass
-class FleetConfig:
-    host: str = "local"
-    poll_interval: float = 2.0
-    include_thinking: bool = True
-    rate_card: RateCard = field(default_factory=RateCard)
-    backoff_base: float = 0.2
-    backoff_cap: float = 10.0
-    max_failures: int = 8
-    allow_acp: bool = False
-    default_env: dict[str, str] = field(default_factory=dict)
-    # How long a driver may keep reading after the agent turned terminal, to collect the
-    # stream's last lines, before it is closed.
-    terminal_grace: float = 3.0
-
-    def driver_options(self) -> DriverOptions:
-        return DriverOptions(
-            include_thinking=self.include_thinking,
-            rate_card=self.rate_card,
-            backoff_base=self.backoff_base,
-            backoff_cap=self.backoff_cap,
-            max_failures=self.max_failures,
-        )
-
-
-@dataclass
-class _AgentSlot:
-    """What the manager tracks per agent it has ever seen in this process."""
-
-    workspace: str
-    record: AgentRecord | None = None
-    driver: AgentDriver | None = None
-    task: asyncio.Task[DriverExit] | None = None
-    terminal_since: float | None = None
+__all__ = ["DriverFactory", "FleetConfig", "FleetManager", "default_driver_factories"]
 
 
 class _AgentSink:
     """A driver's EventSink for one agent; `emit_batch` is the optional batch path drivers
-    use when present (one emitter call, one timestamp, for a whole read of the stream)."""
+    use when present (one emitter call, one timestamp, for a whole read of the stream).
 
-    __slots__ = ("agent_id", "emitter", "repo")
+    `emit_batch(kinds, cursor)`: the driver's resume state after these events (`kinds` may be
+    empty when only the cursor moved), committed in the same store transaction as them
+    (`Emitter.emit_many`). With an emitter that has no batch path, the events are emitted one
+    by one, flushed, and the cursor saved on its own afterwards (`cursor_store`)."""
 
-    def __init__(self, emitter: EmitterLike, repo: str, agent_id: str) -> None:
+    __slots__ = ("agent_id", "cursor_store", "emitter", "repo")
+
+    def __init__(
+        self,
+        emitter: EmitterLike,
+        repo: str,
+        agent_id: str,
+        cursor_store: CursorStoreLike | None = None,
+    ) -> None:
         self.emitter = emitter
         self.repo = repo
         self.agent_id = agent_id
+        self.cursor_store = cursor_store
 
     async def __call__(self, kind: EventKind) -> None:
         await self.emitter.emit(self.repo, self.agent_id, kind)
 
-    async def emit_batch(self, kinds: list[CompactKind]) -> None:
+    async def flush(self) -> None:
+        """Wait until what was handed over (events and cursors) is committed: the ACP
+        driver commits a turn's begin before it sends that turn's prompt (at most once)."""
+        await self.emitter.flush()
+
+    async def emit_batch(self, kinds: list[CompactKind], cursor: bytes | None = None) -> None:
         emit_many = getattr(self.emitter, "emit_many", None)
         if emit_many is not None:
-            await emit_many(self.repo, self.agent_id, kinds)
+            if cursor is None:
+                await emit_many(self.repo, self.agent_id, kinds)
+            else:
+                await emit_many(self.repo, self.agent_id, kinds, cursor)
             return
         for kind in kinds:
             await self.emitter.emit(self.repo, self.agent_id, expand_kind(kind))
+        if cursor is not None and self.cursor_store is not None:
+            # No transaction to share: the cursor only once its events are stored.
+            await self.emitter.flush()
+            await self.cursor_store.save_cursor(self.agent_id, cursor)
 
 
-def agent_from_record(workspace: str, rec: AgentRecord) -> Agent:
-    return Agent(
-        id=rec.id,
-        name=rec.name,
-        workspace=workspace,
-        status=rec.status,
-        started_at=rec.started_at,
-        isolated=rec.spec.isolation_worktree,
-        interactive=rec.spec.interactive,
-        session_dir=rec.session_dir,
-        drive_protocol=rec.spec.drive_protocol,
-        posture=rec.spec.permission_posture,
-        model=rec.spec.model,
-        label=rec.spec.label,
-    )
+def agent_from_record(workspace: str, rec: AgentRecord, meta: AgentMeta | None = None) -> Agent:
+    """The agent as the API shows it: caliband's record overlaid with Prospero's metadata."""
+    return agent_view(workspace, rec, meta)
 
 
-class FleetManager:
+def default_meta_store(store: EventStore) -> AgentMetaStore:
+    """Metadata beside the events when they live in a SQLite file, else in memory."""
+    path = getattr(store, "path", None)
+    if isinstance(path, str) and path and path != ":memory:":
+        return SqliteAgentMetaStore(path)
+    return MemoryAgentMetaStore()
+
+
+class FleetManager(AgentOperations, RunEnding):
     def __init__(
         self,
         provider: FleetProvider,
@@ -199,6 +158,7 @@ class FleetManager:
         driver_factories: dict[str, DriverFactory] | None = None,
         ownership: Ownership | None = None,
         decisions: DecisionHooks | None = None,
+        agents: AgentMetaStore | None = None,
     ) -> None:
         self.provider = provider
         self.config_store = config_store
@@ -209,10 +169,13 @@ class FleetManager:
         self.driver_factories = dict(driver_factories or {})
         self.ownership = ownership or SelfOwnsAll()
         self.decisions = decisions
+        self._owns_agents = agents is None
+        self.agents: AgentMetaStore = agents if agents is not None else default_meta_store(store)
+        self._catchup = CatchUpGate()
         self._workspaces: dict[str, RegisteredWorkspace] = {}
         self._health: dict[str, WorkspaceHealth] = {}
         self._listed: dict[str, dict[str, AgentRecord]] = {}
-        self._slots: dict[str, _AgentSlot] = {}
+        self._slots: dict[str, AgentSlot] = {}
         self._registry_lock = asyncio.Lock()
         self._poll_locks: dict[str, asyncio.Lock] = {}
         self._poll_task: asyncio.Task[None] | None = None
@@ -242,6 +205,10 @@ class FleetManager:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         await self.provider.close()
+        close = getattr(self.agents, "close", None)
+        if self._owns_agents and close is not None:
+            with contextlib.suppress(Exception):
+                await close()
 
     async def _poll_loop(self) -> None:
         while not self._stopping:
@@ -312,38 +279,22 @@ class FleetManager:
         self._listed[ws.name] = current
         # Seed the seq counters of every new agent's stream up front, all at once: emitting
         # to a new stream otherwise waits for one store round trip per agent, in series (and
-        # each agent's driver only starts after its turn).
+        # each agent's driver only starts after its turn). The same goes for what the store
+        # knows of them (metadata, history).
         prepare = getattr(self.emitter, "prepare", None)
         new_ids = [r.id for r in records if r.id not in self._slots]
         if new_ids and prepare is not None:
             await prepare([stream_key_for(ws.name, agent_id) for agent_id in new_ids])
+        sights = await first_sight(self.store, self.agents, ws.name, new_ids) if new_ids else {}
         for rec in records:
             slot = self._slots.get(rec.id)
-            before = prev.get(rec.id)
+            sight = sights.get(rec.id)
             if slot is None:
-                slot = self._slots[rec.id] = _AgentSlot(workspace=ws.name)
-                await self.emitter.emit(ws.name, rec.id, AgentDiscovered())
-            old_status = before.status if before is not None else (
-                slot.record.status if slot.record is not None else None
-            )
-            slot.record = rec
-            slot.workspace = ws.name
-            if old_status is not None and old_status != rec.status:
-                await self.emitter.emit(
-                    ws.name, rec.id, StatusChanged.model_validate({"from": old_status, "to": rec.status})
-                )
-                if slot.driver is not None and slot.task is not None and not slot.task.done():
-                    # A driver waiting out a reconnect backoff looks again now: the worker may
-                    # be listening, or gone with its transcript complete (before the terminal
-                    # grace below closes the driver).
-                    slot.driver.nudge()
-            if rec.status.terminal:
-                if slot.terminal_since is None:
-                    slot.terminal_since = time.monotonic()
-                    await self._cancel_asks(rec.id, f"the agent is {rec.status.value}")
-            else:
-                slot.terminal_since = None
-                self._ensure_driver(ws, rec)
+                slot = self._slots[rec.id] = AgentSlot(workspace=ws.name)
+                slot.meta = sight.meta if sight is not None else None
+                if sight is None or not sight.seen_before:
+                    await self.emitter.emit(ws.name, rec.id, AgentDiscovered())
+            await self._apply_record(ws, slot, rec, prev.get(rec.id), sight)
         for gone_id in set(prev) - set(current):
             slot = self._slots.get(gone_id)
             if slot is not None and slot.record is not None and slot.workspace == ws.name:
@@ -352,34 +303,100 @@ class FleetManager:
                 await self._cancel_asks(gone_id, "the agent is gone")
                 await self._close_driver(gone_id)
 
+    async def _apply_record(
+        self,
+        ws: RegisteredWorkspace,
+        slot: AgentSlot,
+        rec: AgentRecord,
+        before: AgentRecord | None,
+        sight: FirstSight | None,
+    ) -> None:
+        """One listed record: status diff (as the agent reads), driver start, terminal
+        bookkeeping. `sight` is set the first time this process sees the agent."""
+        old_status = slot.status
+        if old_status is None:
+            old = before or slot.record
+            old_status = effective_status(old, slot.meta) if old is not None else None
+        slot.record = rec
+        slot.workspace = ws.name
+        if slot.target is not None:
+            # The provisional record at spawn has no session dir: drivers read it at use.
+            slot.target.session_dir = slot.target.session_dir or rec.session_dir
+            slot.target.working_dir = slot.target.working_dir or rec.working_dir
+        status = effective_status(rec, slot.meta)
+        slot.status = status
+        if old_status is not None and old_status != status:
+            await self.emitter.emit(
+                ws.name, rec.id, StatusChanged.model_validate({"from": old_status, "to": status})
+            )
+            if slot.driver is not None and slot.task is not None and not slot.task.done():
+                # A driver waiting out a reconnect backoff looks again now: the worker may
+                # be listening, or gone with its transcript complete (before the terminal
+                # grace below closes the driver).
+                slot.driver.nudge()
+        elif before is not None and before.status != rec.status:
+            if slot.driver is not None and slot.task is not None and not slot.task.done():
+                slot.driver.nudge()
+        if status.terminal:
+            if slot.terminal_since is None:
+                slot.terminal_since = time.monotonic()
+                await self._cancel_asks(rec.id, f"the agent is {status.value}")
+                driver = slot.driver
+                if (
+                    driver is not None
+                    and not driver.finished
+                    and (slot.task is None or slot.task.done())
+                    and drivable(rec, slot.meta)
+                ):
+                    # Its driver gave up (refused dials) before the run ended: one more run
+                    # now recovers the tail from the transcript, or concludes the run.
+                    slot.catchup = True
+                    self._ensure_driver(ws, rec)
+            if sight is not None and not sight.finished and drivable(rec, slot.meta):
+                # Ended while no prosperod watched: one run recovers (or concludes) it.
+                slot.catchup = True
+                self._ensure_driver(ws, rec)
+            if slot.meta is not None and slot.meta.outcome is not None:
+                await self._release_worker(ws, slot)
+        else:
+            slot.terminal_since = None
+            if drivable(rec, slot.meta):
+                self._ensure_driver(ws, rec)
+
     def _close_stale_drivers(self) -> None:
         """Close drivers of agents that turned terminal a while ago and never finished
         (killed or crashed workers: their stream will not come back)."""
         now = time.monotonic()
         for agent_id, slot in self._slots.items():
-            if (
-                slot.terminal_since is not None
-                and now - slot.terminal_since >= self.config.terminal_grace
-                and slot.task is not None
-                and not slot.task.done()
-            ):
-                task = asyncio.create_task(self._close_driver(agent_id))
+            if slot.terminal_since is None or slot.task is None or slot.task.done():
+                continue
+            if slot.catchup:
+                since, grace = slot.catchup_started, self.config.catchup_grace
+            else:
+                since, grace = slot.terminal_since, self.config.terminal_grace
+            if since is not None and now - since >= grace:
+                task = asyncio.create_task(self._close_driver(agent_id, conclude=True))
                 self._closing_tasks.add(task)
                 task.add_done_callback(self._closing_tasks.discard)
 
     # ------------------------------------------------------------------ drivers
 
     def _make_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> AgentDriver:
-        protocol = rec.spec.drive_protocol
+        slot = self._slots.setdefault(rec.id, AgentSlot(workspace=ws.name, record=rec))
+        protocol = drive_protocol(rec, slot.meta)
         factory = self.driver_factories.get(protocol)
         if factory is None:
             raise Unsupported(f"no driver for drive protocol '{protocol}'")
         agent_id = rec.id
 
+        def status() -> AgentStatus | None:
+            current = self._slots.get(agent_id)
+            return current.record.status if current is not None and current.record else None
+
         async def resolve() -> Endpoint:
             return await self.provider.attach(ws, agent_id)
 
-        sink = _AgentSink(self.emitter, ws.name, agent_id)
+        sink = _AgentSink(self.emitter, ws.name, agent_id, self.store)
 
         target = DriverTarget(
             agent_id=agent_id,
@@ -390,14 +407,17 @@ class FleetManager:
             spec=rec.spec,
             working_dir=rec.working_dir,
             session_dir=rec.session_dir,
+            meta=slot.meta,
+            status=status,
         )
+        slot.target = target
         cursor_store: CursorStoreLike | None = self.store  # EventStore carries cursors
         return factory(target, sink, self.config.driver_options(), self.metrics, cursor_store)
 
     def _ensure_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> None:
         if self._stopping:
             return
-        slot = self._slots.setdefault(rec.id, _AgentSlot(workspace=ws.name, record=rec))
+        slot = self._slots.setdefault(rec.id, AgentSlot(workspace=ws.name, record=rec))
         if slot.task is not None and not slot.task.done():
             return
         if slot.driver is not None and slot.driver.finished:
@@ -410,8 +430,16 @@ class FleetManager:
                 return
         driver = slot.driver
         self.metrics.add_gauge(m.ACTIVE_ATTACHES, 1)
-        task = asyncio.create_task(self._run_driver(rec.id, driver), name=f"driver-{rec.id}")
-        slot.task = task
+        run = self._run_catchup if slot.catchup else self._run_driver
+        slot.task = asyncio.create_task(run(rec.id, driver), name=f"driver-{rec.id}")
+
+    async def _run_catchup(self, agent_id: str, driver: AgentDriver) -> DriverExit:
+        """A catch-up run waits for its turn (bounded concurrency); its grace starts then."""
+        async with self._catchup:
+            slot = self._slots.get(agent_id)
+            if slot is not None:
+                slot.catchup_started = time.monotonic()
+            return await self._run_driver(agent_id, driver)
 
     async def _run_driver(self, agent_id: str, driver: AgentDriver) -> DriverExit:
         lease = await self.ownership.try_acquire(agent_id)
@@ -419,7 +447,7 @@ class FleetManager:
             self.metrics.add_gauge(m.ACTIVE_ATTACHES, -1)
             return DriverExit.closed
         try:
-            return await driver.run()
+            exit_ = await driver.run()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -428,6 +456,9 @@ class FleetManager:
             return DriverExit.gave_up
         finally:
             self.metrics.add_gauge(m.ACTIVE_ATTACHES, -1)
+        if exit_ is DriverExit.finished:
+            await self._on_finished(agent_id)
+        return exit_
 
     async def _record_lost_turn(self, agent_id: str, driver: AgentDriver, reason: str) -> None:
         """A driver that died with a turn in flight (ACP: `turn_in_flight`) cannot record the
@@ -451,14 +482,20 @@ class FleetManager:
         if n:
             log.info("agent %s: %d pending decision(s) cancelled: %s", agent_id, n, reason)
 
-    async def _close_driver(self, agent_id: str) -> None:
+    async def _close_driver(self, agent_id: str, *, conclude: bool = False) -> None:
+        """Close the agent's driver. With `conclude` (a terminal agent whose run never ended
+        in the stream), the driver records the end itself once closed (contract 4:
+        `conclude` is a no-op for a driver that already finished)."""
         slot = self._slots.get(agent_id)
         if slot is None or slot.driver is None:
             return
-        await slot.driver.close()
+        driver = slot.driver
+        await driver.close()
         if slot.task is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await wait_for(asyncio.shield(slot.task), 5.0)
+        if conclude:
+            await self._conclude(agent_id, driver)
         await self.ownership.release(agent_id)
 
     async def wait_driver(self, agent_id: str, timeout: float | None = None) -> DriverExit | None:
@@ -476,7 +513,7 @@ class FleetManager:
             raise WorkspaceNotFound(name)
         return ws
 
-    def _slot(self, agent_id: str) -> tuple[RegisteredWorkspace, _AgentSlot]:
+    def _slot(self, agent_id: str) -> tuple[RegisteredWorkspace, AgentSlot]:
         slot = self._slots.get(agent_id)
         if slot is None or slot.record is None or slot.workspace not in self._workspaces:
             raise AgentNotFound(agent_id)
@@ -485,7 +522,7 @@ class FleetManager:
     def get_agent(self, agent_id: str) -> Agent:
         ws, slot = self._slot(agent_id)
         assert slot.record is not None
-        return agent_from_record(ws.name, slot.record)
+        return agent_view(ws.name, slot.record, slot.meta)
 
     def knows_agent(self, agent_id: str) -> bool:
         return agent_id in self._slots
@@ -493,7 +530,7 @@ class FleetManager:
     def list_agents(self, workspace: str) -> list[Agent]:
         self._ws(workspace)
         return [
-            agent_from_record(workspace, s.record)
+            agent_view(workspace, s.record, s.meta)
             for s in self._slots.values()
             if s.workspace == workspace and s.record is not None
         ]
@@ -596,149 +633,6 @@ class FleetManager:
         await self.provider.restart(new)
         await self.poll_workspace(name)
 
-    # ------------------------------------------------------------------ agent operations
-
-    async def spawn(self, workspace: str, req: SpawnRequest) -> SpawnedResponse:
-        ws = self._ws(workspace)
-        if req.drive_protocol != "ndjson":
-            if not self.config.allow_acp:
-                raise Conflict(
-                    f"drive protocol '{req.drive_protocol}' is disabled on this daemon "
-                    "(start prosperod with --allow-acp or PROSPERO_ALLOW_ACP=1)"
-                )
-            if req.drive_protocol not in self.driver_factories:
-                raise Conflict(f"this build has no '{req.drive_protocol}' driver")
-        check_spawnable(ws.config, self.config.default_env, os.environ)
-        posture = req.posture
-        if posture is None and self.decisions is not None:
-            posture = await self.decisions.default_posture(ws.name)
-        spec = SpawnSpec(
-            label=req.label,
-            frontmatter_path=req.frontmatter_path,
-            initial_prompt=req.prompt,
-            model=req.model,
-            provider=ws.config.provider,
-            tool_allowlist=req.tool_allowlist,
-            isolation_worktree=req.isolated,
-            inherit_hooks=True,
-            interactive=req.interactive,
-            drive_protocol=req.drive_protocol,
-            permission_posture=posture,
-        )
-        reply = await self.provider.spawn(ws, spec)
-        slot = self._slots.setdefault(reply.id, _AgentSlot(workspace=ws.name))
-        slot.workspace = ws.name
-        if slot.record is None:
-            # Provisional record until the next poll (so kill/rm right after spawn work).
-            slot.record = AgentRecord(
-                id=reply.id,
-                name=req.label or f"agent-{reply.id}",
-                status=AgentStatus.spawning,
-                started_at=now_ts(),
-                endpoint=reply.endpoint,
-                spec=spec,
-            )
-        await self.emitter.emit(ws.name, reply.id, AgentSpawned())
-        if spec.drive_protocol == "ndjson":
-            # NDJSON attaches at once (the worker runs by itself). An ACP agent does nothing
-            # until its driver prompts it: the poll below starts that driver from caliband's
-            # full record (the session's cwd is the record's working_dir).
-            self._ensure_driver(ws, slot.record)
-        await self.poll_workspace(ws.name)
-        return SpawnedResponse(
-            agent_id=reply.id,
-            workspace=ws.name,
-            isolated=req.isolated,
-            created=True,
-            drive_protocol=req.drive_protocol,
-        )
-
-    async def kill(self, agent_id: str) -> None:
-        ws, slot = self._slot(agent_id)
-        await self._cancel_asks(agent_id, "the agent was killed")
-        if slot.driver is not None and slot.record is not None:
-            if slot.record.spec.drive_protocol != "ndjson":
-                with contextlib.suppress(ProsperoError):
-                    await slot.driver.cancel_turn()
-        await self.provider.kill(ws, agent_id)
-        await self.poll_workspace(ws.name)
-
-    async def respawn(self, agent_id: str) -> str:
-        ws, _slot = self._slot(agent_id)
-        new_id = await self.provider.respawn(ws, agent_id)
-        new_slot = self._slots.setdefault(new_id, _AgentSlot(workspace=ws.name))
-        new_slot.workspace = ws.name
-        await self.emitter.emit(ws.name, new_id, AgentSpawned())
-        await self.poll_workspace(ws.name)
-        return new_id
-
-    async def remove(self, agent_id: str, force: bool = False) -> None:
-        ws, slot = self._slot(agent_id)
-        await self.provider.remove(ws, agent_id, force)
-        await self._cancel_asks(agent_id, "the agent was removed")
-        slot.record = None
-        self._listed.get(ws.name, {}).pop(agent_id, None)
-        await self.emitter.emit(ws.name, agent_id, AgentGone())
-        await self._close_driver(agent_id)
-        # The registry has forgotten the agent: from now on only its stored history answers
-        # for it, so that history is committed before the caller hears "removed".
-        await self.emitter.flush()
-
-    def _steerable(self, op: str, agent_id: str) -> tuple[RegisteredWorkspace, _AgentSlot]:
-        ws, slot = self._slot(agent_id)
-        rec = slot.record
-        assert rec is not None
-        if rec.status.terminal:
-            raise InvalidState(op, agent_id, rec.status.value, "the agent has finished")
-        if rec.spec.drive_protocol == "ndjson" and not rec.spec.interactive:
-            raise InvalidState(op, agent_id, rec.status.value, "the agent is not interactive")
-        return ws, slot
-
-    def _driver_for(self, ws: RegisteredWorkspace, slot: _AgentSlot) -> AgentDriver:
-        assert slot.record is not None
-        if slot.driver is None:
-            slot.driver = self._make_driver(ws, slot.record)
-        return slot.driver
-
-    async def send_input(self, agent_id: str, text: str) -> None:
-        ws, slot = self._steerable("send input to", agent_id)
-        await self._driver_for(ws, slot).send_input(text)
-
-    async def end_input(self, agent_id: str) -> None:
-        ws, slot = self._steerable("end input of", agent_id)
-        await self._driver_for(ws, slot).end_input()
-
-    async def cancel_turn(self, agent_id: str) -> None:
-        ws, slot = self._slot(agent_id)
-        assert slot.record is not None
-        if slot.record.status.terminal:
-            raise InvalidState("cancel the turn of", agent_id, slot.record.status.value)
-        await self._cancel_asks(agent_id, "the turn was cancelled")
-        try:
-            await self._driver_for(ws, slot).cancel_turn()
-        except Unsupported as e:
-            raise InvalidState("cancel the turn of", agent_id, slot.record.status.value, str(e)) from e
-
-    async def drain(self, agent_id: str, timeout: float = 30.0) -> None:
-        """End input (best effort), wait for a terminal status or removal, then kill."""
-        ws, slot = self._slot(agent_id)
-        with contextlib.suppress(ProsperoError):
-            await self._driver_for(ws, slot).end_input()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            await self.poll_workspace(ws.name)
-            rec = self._slots[agent_id].record
-            if rec is None or rec.status.terminal:
-                return
-            await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
-        with contextlib.suppress(AgentNotFound):
-            await self.provider.kill(ws, agent_id)
-        await self.poll_workspace(ws.name)
-
-    def driver_factory_names(self) -> list[str]:
-        return sorted(self.driver_factories)
-
 
 def default_driver_factories() -> dict[str, DriverFactory]:
     """NDJSON always; ACP (spawns still gated by `FleetConfig.allow_acp`)."""
@@ -747,5 +641,3 @@ def default_driver_factories() -> dict[str, DriverFactory]:
 
     factories: dict[str, DriverFactory] = {"ndjson": NdjsonDriver, "acp": AcpDriver}
     return factories
-
-

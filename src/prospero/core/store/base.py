@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from prospero.types.events import FleetEvent
-from prospero.types.model import RegisteredWorkspace
+from prospero.types.model import AgentMeta, RegisteredWorkspace
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,16 @@ class StoredEvent:
 
     ordinal: int
     event: FleetEvent
+
+
+@dataclass(frozen=True, slots=True)
+class CursorMark:
+    """A driver's resume state queued in order with the events it covers (the emitter's
+    `emit_many(..., cursor=...)`): the store writes it as the `cursors` row `key` (the agent
+    id) in the same transaction as the events queued before it, or not at all."""
+
+    key: str
+    data: bytes
 
 
 @dataclass
@@ -44,10 +54,21 @@ class EventStore(Protocol):
 
     async def close(self) -> None: ...
 
-    async def append_batch(self, events: Sequence[FleetEvent]) -> list[int]:
+    async def append_batch(
+        self, events: Sequence[FleetEvent], *, cursors: Mapping[str, bytes] | None = None
+    ) -> list[int]:
         """Atomically append events; returns their ordinals. Raises SeqConflict when a
         (stream_key, seq) already exists (nothing of the batch is written then), StoreError
-        on any other failure. Updates usage aggregates in the same transaction."""
+        on any other failure. Updates usage aggregates in the same transaction.
+
+        `cursors`: driver resume states (key -> data, as `save_cursor`) written in the SAME
+        transaction: all of them with the events, or none when the append fails. With no
+        events, the cursors alone are written.
+
+        Poison events: a kind that cannot be serialised (nesting too deep, a lone surrogate,
+        a value JSON cannot carry) is stored in its reduced form (`core.store.reduce`), never
+        failing the batch; when `events` is a list, the event is replaced in it by the reduced
+        one, so that what the caller publishes is what was stored."""
         ...
 
     async def replay(
@@ -62,7 +83,9 @@ class EventStore(Protocol):
         those kinds (`limit` then counts the matching events)."""
         ...
 
-    async def replay_fleet(self, after_ordinal: int = 0, limit: int | None = None) -> list[StoredEvent]:
+    async def replay_fleet(
+        self, after_ordinal: int = 0, limit: int | None = None
+    ) -> list[StoredEvent]:
         """All streams' events with ordinal > after_ordinal, in insertion order."""
         ...
 
@@ -83,7 +106,8 @@ class EventStore(Protocol):
         ...
 
     async def save_cursor(self, key: str, data: bytes) -> None:
-        """Opaque driver resume state (e.g. NDJSON line cursor), keyed by agent id."""
+        """Opaque driver resume state (e.g. NDJSON line cursor), keyed by agent id, on its
+        own (for sinks without a batch path; see `append_batch(cursors=)`)."""
         ...
 
     async def load_cursor(self, key: str) -> bytes | None: ...
@@ -98,3 +122,20 @@ class ConfigStore(Protocol):
     async def upsert_workspace(self, ws: RegisteredWorkspace) -> None: ...
 
     async def delete_workspace(self, name: str) -> bool: ...
+
+
+@runtime_checkable
+class AgentMetaStore(Protocol):
+    """Prospero's own per-agent metadata (AgentMeta), keyed by agent id (issue 9 contract 3)."""
+
+    async def get_meta(self, agent_id: str) -> AgentMeta | None: ...
+
+    async def put_meta(self, meta: AgentMeta) -> None:
+        """Insert or replace the agent's metadata."""
+        ...
+
+    async def list_meta(self) -> list[AgentMeta]:
+        """Every stored agent's metadata, in agent-id order."""
+        ...
+
+    async def delete_meta(self, agent_id: str) -> bool: ...

@@ -1,8 +1,11 @@
 """Mirror of caliband's control plane (caliband-wire.md §2-§4).
 
 Every model tolerates unknown keys (forward compatible) and serialises the fields caliband's
-own serializer emits. `SpawnSpec` additionally carries Prospero's `drive_protocol` and
-`permission_posture` (caliban >= 0.14 reads them; older daemons ignore unknown keys).
+own serializer emits. `SpawnSpec` additionally carries `drive_protocol` (caliban >= 0.14 reads
+it to pick the ACP worker, ADR 0011; older daemons ignore unknown keys). Nothing else of
+Prospero's travels in the spec: caliband drops unknown spec fields, so what Prospero needs to
+remember about an agent (posture, requested protocol, spawned here) lives in its own store
+(AgentMeta), never in caliband's echo.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from prospero.types.model import AgentStatus, DriveProtocol, Posture
+from prospero.types.model import AgentStatus, DriveProtocol
 
 
 class _Wire(BaseModel):
@@ -57,10 +60,9 @@ class SpawnSpec(_Wire):
     # caliban-only keys; `source` is echoed back in `listed`, hooks config only when set.
     inherited_hooks_config: str | None = None
     source: str | None = None
-    # Prospero additions (ADR 0011): omitted on the wire when they are the defaults so the
-    # golden nine-field form stays byte-identical for plain NDJSON spawns.
+    # caliban >= 0.14 (ADR 0011): omitted on the wire when it is the default so the golden
+    # nine-field form stays byte-identical for plain NDJSON spawns.
     drive_protocol: DriveProtocol = "ndjson"
-    permission_posture: Posture | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out = self.model_dump(
@@ -82,9 +84,31 @@ class SpawnSpec(_Wire):
             out["source"] = self.source
         if self.drive_protocol != "ndjson":
             out["drive_protocol"] = self.drive_protocol
-        if self.permission_posture is not None:
-            out["permission_posture"] = self.permission_posture
         return out
+
+
+# The SpawnSpec keys caliband itself knows (§3.1, plus `drive_protocol` from 0.14 on): the
+# only keys it keeps from a spawn request and echoes back in `listed`.
+CALIBAND_SPEC_FIELDS = frozenset(
+    {
+        "label",
+        "frontmatter_path",
+        "initial_prompt",
+        "model",
+        "provider",
+        "tool_allowlist",
+        "isolation_worktree",
+        "inherit_hooks",
+        "interactive",
+        "inherited_hooks_config",
+        "source",
+        "drive_protocol",
+    }
+)
+# The AgentRecord keys of a `listed` reply (§2.1).
+AGENT_RECORD_FIELDS = frozenset(
+    {"id", "name", "status", "started_at", "session_dir", "endpoint", "working_dir", "spec"}
+)
 
 
 class AgentRecord(_Wire):

@@ -1,0 +1,89 @@
+"""How the FleetManager reads an agent: caliband's record overlaid with Prospero's own
+metadata (AgentMeta, issue 9 contract 3).
+
+caliband's `listed` record echoes only caliband's own spec fields, so the drive protocol
+Prospero asked for, the permission posture and "spawned by this control plane" come from
+the AgentMeta store, never from the echo. An agent without metadata (discovered: spawned by
+someone else, or before this store existed) is NDJSON unless caliband's record says otherwise,
+and its posture is the workspace default (resolved when a decision is made).
+"""
+
+from __future__ import annotations
+
+from prospero.core.wire.control import AgentRecord
+from prospero.types.model import Agent, AgentMeta, AgentStatus, DriveProtocol
+
+# agent_finished outcomes that end a run normally (the NDJSON stop labels and the ACP driver's
+# outcome names); anything else but "killed" / "crashed" reads as failed.
+_DONE_OUTCOMES = frozenset(
+    {
+        "",
+        "done",
+        "EndOfTurn",
+        "MaxTurnsReached",
+        "MaxTokensExhausted",
+        "MaxTokens",
+        "Refusal",
+        "Cancelled",
+        "NotResumable",
+    }
+)
+
+
+def outcome_status(outcome: str) -> AgentStatus:
+    """The terminal status an agent_finished outcome reads as."""
+    if outcome == "killed":
+        return AgentStatus.killed
+    if outcome == "crashed":
+        return AgentStatus.crashed
+    if outcome in _DONE_OUTCOMES:
+        return AgentStatus.done
+    return AgentStatus.failed
+
+
+def drive_protocol(rec: AgentRecord, meta: AgentMeta | None) -> DriveProtocol:
+    """The protocol Prospero drives the agent with: its own record of the spawn, else what
+    caliband's record says (caliban >= 0.14 echoes `drive_protocol`), else NDJSON."""
+    return meta.drive_protocol if meta is not None else rec.spec.drive_protocol
+
+
+def drivable(rec: AgentRecord, meta: AgentMeta | None) -> bool:
+    """NDJSON agents are always read (reading is passive); an ACP agent is driven only by
+    the control plane that spawned or adopted it: driving means prompting it."""
+    if drive_protocol(rec, meta) == "ndjson":
+        return True
+    return meta is not None and meta.drivable
+
+
+def effective_status(rec: AgentRecord, meta: AgentMeta | None) -> AgentStatus:
+    """caliband's status, except for an agent whose driver recorded its end: an ACP worker
+    stays `running` in caliband after its session ended (until released), and the release
+    itself marks it `killed`; the agent reads as its outcome instead. A worker that exited
+    by itself keeps caliband's verdict (`done` / `failed`)."""
+    if meta is None or meta.outcome is None:
+        return rec.status
+    if not rec.status.terminal:
+        return outcome_status(meta.outcome)
+    if rec.status is AgentStatus.killed and meta.drive_protocol == "acp":
+        return outcome_status(meta.outcome)
+    return rec.status
+
+
+def agent_view(workspace: str, rec: AgentRecord, meta: AgentMeta | None) -> Agent:
+    return Agent(
+        id=rec.id,
+        name=rec.name,
+        workspace=workspace,
+        status=effective_status(rec, meta),
+        started_at=rec.started_at,
+        isolated=rec.spec.isolation_worktree,
+        interactive=rec.spec.interactive,
+        session_dir=rec.session_dir,
+        drive_protocol=drive_protocol(rec, meta),
+        posture=meta.posture if meta is not None else None,
+        model=rec.spec.model,
+        label=rec.spec.label,
+        spawned_here=meta is not None and meta.spawned_here,
+        adopted=meta is not None and meta.adopted,
+        outcome=meta.outcome if meta is not None else None,
+    )

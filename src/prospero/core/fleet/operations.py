@@ -1,0 +1,248 @@
+"""The agent operations the API calls on the FleetManager: spawn, kill, respawn, remove,
+steering, drain, adopt. Lifecycle goes to the provider (caliband); what Prospero must
+remember of an agent (posture, protocol asked for, spawned or adopted here) goes to its own
+metadata store (AgentMeta), never into caliband's spec."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+from prospero.core.drivers.base import AgentDriver
+from prospero.core.errors import (
+    AgentNotFound,
+    Conflict,
+    InvalidState,
+    ProsperoError,
+    Unsupported,
+)
+from prospero.core.fleet.meta import drivable, drive_protocol, effective_status
+from prospero.core.fleet.state import NOT_DRIVEN, AgentSlot, FleetState
+from prospero.core.provider_env import check_spawnable
+from prospero.core.wire.control import AgentRecord, SpawnSpec
+from prospero.types.api import SpawnedResponse, SpawnRequest
+from prospero.types.events import AgentGone, AgentSpawned, now_ts
+from prospero.types.model import Agent, AgentMeta, AgentStatus, DriveProtocol, RegisteredWorkspace
+
+
+class AgentOperations(FleetState):
+    async def spawn(self, workspace: str, req: SpawnRequest) -> SpawnedResponse:
+        ws = self._ws(workspace)
+        if req.drive_protocol != "ndjson":
+            if not self.config.allow_acp:
+                raise Conflict(
+                    f"drive protocol '{req.drive_protocol}' is disabled on this daemon "
+                    "(start prosperod with --allow-acp or PROSPERO_ALLOW_ACP=1)"
+                )
+            if req.drive_protocol not in self.driver_factories:
+                raise Conflict(f"this build has no '{req.drive_protocol}' driver")
+        check_spawnable(ws.config, self.config.default_env, os.environ)
+        posture = req.posture
+        if posture is None and self.decisions is not None:
+            posture = await self.decisions.default_posture(ws.name)
+        spec = SpawnSpec(
+            label=req.label,
+            frontmatter_path=req.frontmatter_path,
+            initial_prompt=req.prompt,
+            model=req.model,
+            provider=ws.config.provider,
+            tool_allowlist=req.tool_allowlist,
+            isolation_worktree=req.isolated,
+            inherit_hooks=True,
+            interactive=req.interactive,
+            drive_protocol=req.drive_protocol,
+        )
+        # No poll of this workspace runs until the new agent is registered here as ours: a
+        # listing that raced caliband's reply would take it for a discovered agent.
+        async with self._poll_locks.setdefault(ws.name, asyncio.Lock()):
+            reply = await self.provider.spawn(ws, spec)
+            # Prospero's own record of the spawn, kept before anything acts on the reply: the
+            # posture and the protocol asked for are never read back from caliband's echo.
+            meta = AgentMeta(
+                agent_id=reply.id,
+                workspace=ws.name,
+                spawned_here=True,
+                drive_protocol=req.drive_protocol,
+                posture=posture,
+                prompt=req.prompt,
+                created_at=now_ts(),
+            )
+            slot = self._slots.setdefault(reply.id, AgentSlot(workspace=ws.name))
+            slot.workspace = ws.name
+            slot.meta = meta
+            if slot.record is None:
+                # Provisional record until the next poll (so kill/rm right after spawn work).
+                slot.record = AgentRecord(
+                    id=reply.id,
+                    name=req.label or f"agent-{reply.id}",
+                    status=AgentStatus.spawning,
+                    started_at=now_ts(),
+                    endpoint=reply.endpoint,
+                    spec=spec,
+                )
+                slot.status = AgentStatus.spawning
+            await self.emitter.emit(ws.name, reply.id, AgentSpawned())
+            await self._put_meta(meta)
+        if spec.drive_protocol == "ndjson":
+            # NDJSON attaches at once (the worker runs by itself). An ACP agent does nothing
+            # until its driver prompts it: the poll below starts that driver from caliband's
+            # full record (the session's cwd is the record's working_dir).
+            self._ensure_driver(ws, slot.record)
+        await self.poll_workspace(ws.name)
+        return SpawnedResponse(
+            agent_id=reply.id,
+            workspace=ws.name,
+            isolated=req.isolated,
+            created=True,
+            drive_protocol=req.drive_protocol,
+        )
+
+    async def kill(self, agent_id: str) -> None:
+        """Kill a live agent (its driver then concludes the run: agent_finished `killed`).
+        A finished agent is refused (InvalidState, 409) and nothing changes: caliband's kill
+        would rewrite its `done` into `killed`."""
+        ws, _slot = self._slot(agent_id)
+        await self.poll_workspace(ws.name)  # decide on caliband's current status
+        ws, slot = self._slot(agent_id)
+        assert slot.record is not None
+        status = effective_status(slot.record, slot.meta)
+        if status.terminal:
+            raise InvalidState("kill", agent_id, status.value, "the agent has already finished")
+        await self._cancel_asks(agent_id, "the agent was killed")
+        if slot.driver is not None and drive_protocol(slot.record, slot.meta) != "ndjson":
+            # session/cancel, open tool calls closed, agent_finished{killed} — before caliband's
+            # kill, so an agent that answers the cancel first cannot turn the kill into a
+            # `Cancelled` run.
+            slot.released = True  # the kill below releases the worker; no second kill
+            with contextlib.suppress(ProsperoError):
+                await slot.driver.conclude("killed", "killed by the operator")
+        await self.provider.kill(ws, agent_id)
+        await self.poll_workspace(ws.name)  # sees `killed`: nudges the driver to conclude
+
+    async def respawn(self, agent_id: str) -> str:
+        ws, slot = self._slot(agent_id)
+        rec = slot.record
+        assert rec is not None
+        old = slot.meta
+        async with self._poll_locks.setdefault(ws.name, asyncio.Lock()):  # as in spawn
+            new_id = await self.provider.respawn(ws, agent_id)
+            new_slot = self._slots.setdefault(new_id, AgentSlot(workspace=ws.name))
+            new_slot.workspace = ws.name
+            # The new agent is this control plane's (it asked for it), with the old intent.
+            new_slot.meta = AgentMeta(
+                agent_id=new_id,
+                workspace=ws.name,
+                spawned_here=True,
+                drive_protocol=drive_protocol(rec, old),
+                posture=old.posture if old is not None else None,
+                prompt=old.prompt if old is not None else rec.spec.initial_prompt,
+                created_at=now_ts(),
+            )
+            await self.emitter.emit(ws.name, new_id, AgentSpawned())
+            await self._put_meta(new_slot.meta)
+        await self.poll_workspace(ws.name)
+        return new_id
+
+    async def remove(self, agent_id: str, force: bool = False) -> None:
+        ws, slot = self._slot(agent_id)
+        await self.provider.remove(ws, agent_id, force)
+        await self._cancel_asks(agent_id, "the agent was removed")
+        slot.record = None
+        self._listed.get(ws.name, {}).pop(agent_id, None)
+        await self.emitter.emit(ws.name, agent_id, AgentGone())
+        await self._close_driver(agent_id)
+        # The registry has forgotten the agent: from now on only its stored history answers
+        # for it, so that history is committed before the caller hears "removed".
+        await self.emitter.flush()
+
+    def _steerable(self, op: str, agent_id: str) -> tuple[RegisteredWorkspace, AgentSlot]:
+        ws, slot = self._slot(agent_id)
+        rec = slot.record
+        assert rec is not None
+        status = effective_status(rec, slot.meta)
+        if status.terminal:
+            raise InvalidState(op, agent_id, status.value, "the agent has finished")
+        if not drivable(rec, slot.meta):
+            raise InvalidState(op, agent_id, status.value, NOT_DRIVEN)
+        if drive_protocol(rec, slot.meta) == "ndjson" and not rec.spec.interactive:
+            raise InvalidState(op, agent_id, status.value, "the agent is not interactive")
+        return ws, slot
+
+    def _driver_for(self, ws: RegisteredWorkspace, slot: AgentSlot) -> AgentDriver:
+        assert slot.record is not None
+        if slot.driver is None:
+            slot.driver = self._make_driver(ws, slot.record)
+        return slot.driver
+
+    async def send_input(self, agent_id: str, text: str) -> None:
+        ws, slot = self._steerable("send input to", agent_id)
+        await self._driver_for(ws, slot).send_input(text)
+
+    async def end_input(self, agent_id: str) -> None:
+        ws, slot = self._steerable("end input of", agent_id)
+        await self._driver_for(ws, slot).end_input()
+
+    async def cancel_turn(self, agent_id: str) -> None:
+        ws, slot = self._slot(agent_id)
+        assert slot.record is not None
+        status = effective_status(slot.record, slot.meta)
+        if status.terminal:
+            raise InvalidState("cancel the turn of", agent_id, status.value)
+        if not drivable(slot.record, slot.meta):
+            raise InvalidState("cancel the turn of", agent_id, status.value, NOT_DRIVEN)
+        await self._cancel_asks(agent_id, "the turn was cancelled")
+        try:
+            await self._driver_for(ws, slot).cancel_turn()
+        except Unsupported as e:
+            raise InvalidState("cancel the turn of", agent_id, status.value, str(e)) from e
+
+    async def drain(self, agent_id: str, timeout: float = 30.0) -> None:
+        """End input (best effort), wait for a terminal status or removal, then kill."""
+        ws, slot = self._slot(agent_id)
+        with contextlib.suppress(ProsperoError):
+            await self._driver_for(ws, slot).end_input()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            await self.poll_workspace(ws.name)
+            slot = self._slots[agent_id]
+            if slot.record is None or effective_status(slot.record, slot.meta).terminal:
+                return
+            await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
+        with contextlib.suppress(AgentNotFound):
+            await self.provider.kill(ws, agent_id)
+        await self.poll_workspace(ws.name)
+
+    async def adopt(self, agent_id: str, protocol: DriveProtocol | None = None) -> Agent:
+        """Drive an agent this control plane did not spawn (an ACP agent is otherwise only
+        listed: driving it means prompting it, which its spawner may be doing). Stores
+        `adopted` (and the protocol) in Prospero's metadata, then starts the driver."""
+        ws, slot = self._slot(agent_id)
+        rec = slot.record
+        assert rec is not None
+        proto = protocol or drive_protocol(rec, slot.meta)
+        status = effective_status(rec, slot.meta)
+        if slot.meta is not None and slot.meta.drivable and slot.meta.drive_protocol == proto:
+            return self.get_agent(agent_id)  # already ours: nothing to do
+        if status.terminal:
+            raise InvalidState("adopt", agent_id, status.value, "the agent has finished")
+        if slot.driver is not None and slot.driver.protocol != proto:
+            raise Conflict(f"agent '{agent_id}' is already driven as {slot.driver.protocol}")
+        if proto != "ndjson" and not self.config.allow_acp:
+            raise Conflict(f"drive protocol '{proto}' is disabled on this daemon")
+        if proto not in self.driver_factories:
+            raise Conflict(f"this build has no '{proto}' driver")
+        posture = await self.decisions.default_posture(ws.name) if self.decisions else None
+        base = slot.meta or AgentMeta(agent_id=agent_id, workspace=ws.name, created_at=now_ts())
+        slot.meta = base.model_copy(
+            update={"adopted": True, "drive_protocol": proto, "posture": base.posture or posture}
+        )
+        await self._put_meta(slot.meta)
+        if slot.target is not None:
+            slot.target.meta = slot.meta
+        self._ensure_driver(ws, rec)
+        return self.get_agent(agent_id)
+
+    def driver_factory_names(self) -> list[str]:
+        return sorted(self.driver_factories)

@@ -1,0 +1,148 @@
+"""What the FleetManager's parts share: its seams (emitter, decisions, driver factories), its
+config, the per-agent slot, and `FleetState`, the attributes and internal calls the
+operation and run-ending mixins (operations.py, ending.py) rely on."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from prospero.core.drivers.base import (
+    AgentDriver,
+    DriverExit,
+    DriverOptions,
+    DriverTarget,
+    EventSink,
+)
+from prospero.core.fleet.provider import FleetProvider
+from prospero.core.metrics import Metrics
+from prospero.core.ratecard import RateCard
+from prospero.core.store.base import AgentMetaStore, EventStore
+from prospero.core.wire.control import AgentRecord
+from prospero.types.events import EventKind, FleetEvent
+from prospero.types.model import Agent, AgentMeta, AgentStatus, Posture, RegisteredWorkspace
+
+NOT_DRIVEN = "this control plane did not spawn it (adopt it to drive it)"
+
+
+class EmitterLike(Protocol):
+    async def emit(self, repo: str, agent_id: str, kind: EventKind) -> FleetEvent: ...
+
+    async def flush(self) -> None:
+        """Wait until everything emitted so far is committed (or given up on)."""
+        ...
+
+
+class CursorStoreLike(Protocol):
+    async def save_cursor(self, key: str, data: bytes) -> None: ...
+
+    async def load_cursor(self, key: str) -> bytes | None: ...
+
+
+class DecisionHooks(Protocol):
+    """The pending-decision surface (prospero.core.decisions.DecisionService): the manager
+    resolves an agent's pending permission asks when it kills, cancels, removes or sees the
+    agent end, and stamps a workspace's default posture on spawns that choose none."""
+
+    async def cancel_agent(self, agent_id: str, reason: str) -> int: ...
+
+    async def default_posture(self, workspace: str) -> Posture | None: ...
+
+
+class DriverFactory(Protocol):
+    def __call__(
+        self,
+        target: DriverTarget,
+        sink: EventSink,
+        options: DriverOptions,
+        metrics: Metrics,
+        cursor_store: CursorStoreLike | None,
+    ) -> AgentDriver: ...
+
+
+@dataclass
+class FleetConfig:
+    host: str = "local"
+    poll_interval: float = 2.0
+    include_thinking: bool = True
+    rate_card: RateCard = field(default_factory=RateCard)
+    backoff_base: float = 0.2
+    backoff_cap: float = 10.0
+    max_failures: int = 8
+    allow_acp: bool = False
+    default_env: dict[str, str] = field(default_factory=dict)
+    # How long a driver may keep reading after the agent turned terminal, to collect the
+    # stream's last lines, before it is closed.
+    terminal_grace: float = 3.0
+    # The same bound for a catch-up run (an agent that ended while no prosperod watched),
+    # counted from when the run starts: recovering a long transcript takes longer.
+    catchup_grace: float = 30.0
+
+    def driver_options(self) -> DriverOptions:
+        return DriverOptions(
+            include_thinking=self.include_thinking,
+            rate_card=self.rate_card,
+            backoff_base=self.backoff_base,
+            backoff_cap=self.backoff_cap,
+            max_failures=self.max_failures,
+        )
+
+
+@dataclass
+class AgentSlot:
+    """What the manager tracks per agent it has ever seen in this process."""
+
+    workspace: str
+    record: AgentRecord | None = None
+    driver: AgentDriver | None = None
+    task: asyncio.Task[DriverExit] | None = None
+    terminal_since: float | None = None
+    meta: AgentMeta | None = None
+    target: DriverTarget | None = None
+    # The status the agent reads as (caliband's, or its recorded outcome): what
+    # status_changed events diff.
+    status: AgentStatus | None = None
+    # A catch-up run (the agent ended while no prosperod watched): when it started running.
+    catchup: bool = False
+    catchup_started: float | None = None
+    released: bool = False  # an ended ACP session's worker was released through caliband
+
+
+class FleetState:
+    """The FleetManager's state, declared for its mixins (the manager sets every field)."""
+
+    provider: FleetProvider
+    store: EventStore
+    emitter: EmitterLike
+    metrics: Metrics
+    config: FleetConfig
+    driver_factories: dict[str, DriverFactory]
+    decisions: DecisionHooks | None
+    agents: AgentMetaStore
+    _workspaces: dict[str, RegisteredWorkspace]
+    _listed: dict[str, dict[str, AgentRecord]]
+    _slots: dict[str, AgentSlot]
+    _poll_locks: dict[str, asyncio.Lock]
+
+    if TYPE_CHECKING:
+
+        def _ws(self, name: str) -> RegisteredWorkspace: ...
+
+        def _slot(self, agent_id: str) -> tuple[RegisteredWorkspace, AgentSlot]: ...
+
+        def get_agent(self, agent_id: str) -> Agent: ...
+
+        async def poll_workspace(self, name: str) -> None: ...
+
+        def _make_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> AgentDriver: ...
+
+        def _ensure_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> None: ...
+
+        async def _close_driver(self, agent_id: str, *, conclude: bool = False) -> None: ...
+
+        async def _cancel_asks(self, agent_id: str, reason: str) -> None: ...
+
+        async def _put_meta(self, meta: AgentMeta) -> None: ...
+
+        async def _on_finished(self, agent_id: str) -> None: ...
