@@ -15,25 +15,25 @@ Faithful to `caliban __agent-worker` where tests can tell the difference:
   (capacity 64, extra frames dropped and counted); honoured only when `interactive`.
   Unparseable lines are skipped (counted in `inbound_malformed`).
 - TCP: TLS handshake, then (if a token is set) the `{"bearer": ...}` preamble line (at most
-  4096 bytes, constant-time compare); any failure drops the connection without a word. The
+  4096 bytes, constant-time compare; `prospero.testkit.listener`, shared by every fake); any
+  failure drops the connection without a word. The
   client's inbound bytes are drained while writing and connections are half-closed cleanly
   so the peer sees FIN, not RST.
 
 Test-only observations: `history`, `inbound`, `lines_dropped`, `connections_total`, ...
-Script entries are described in `prospero.testkit.scripts`.
+Script entries are described in `prospero.testkit.scripts`; a `FaultPlan`
+(`prospero.testkit.faults`) adds cuts, refused reconnects, slow readers, crashes and bad lines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import IO, Any
 
 import orjson
@@ -44,6 +44,9 @@ from prospero.core.transport import STREAM_LIMIT, OversizedLine, read_line
 from prospero.core.wire.control import ATTACH_INBOUND_ADAPTER, Endpoint, TcpEndpoint, UnixEndpoint
 from prospero.core.wire.turnevents import EXIT_CODE_BY_STOP, stop_label
 from prospero.testkit import scripts
+from prospero.testkit.faults import FaultPlan, FaultRunner
+from prospero.testkit.listener import admit, bound_port, listen_tcp, listen_unix, tcp_addr
+from prospero.testkit.listener import read_bearer_preamble as read_bearer_preamble  # re-export
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +54,6 @@ RING_SIZE = 1024
 LIVE_QUEUE_SIZE = 1024
 INBOX_CAPACITY = 64
 LINGER = 0.1
-PREAMBLE_MAX = 4096
 SIGTERM_EXIT = 143  # 128 + SIGTERM: what a worker killed by the daemon reports
 CLOSE_GRACE = 2.0  # upper bound for flushing clients at exit
 DRAIN_DEADLINE = 0.5  # how long to wait for the peer's EOF after our half-close
@@ -61,32 +63,6 @@ WRITE_BATCH = 64 * 1024
 def exit_code_for(stopped_for: Any) -> int:
     """Worker exit code for a RunEnd's `stopped_for` (caliband-wire.md §5.1)."""
     return EXIT_CODE_BY_STOP.get(stop_label(stopped_for), 1)
-
-
-async def read_bearer_preamble(reader: asyncio.StreamReader, token: str) -> bool:
-    """Read the `{"bearer": ...}` line byte by byte (max 4096) and compare in constant time."""
-    buf = bytearray()
-    while True:
-        b = await reader.read(1)
-        if not b:
-            return False
-        if b == b"\n":
-            break
-        buf += b
-        if len(buf) >= PREAMBLE_MAX:
-            return False
-    try:
-        obj = orjson.loads(bytes(buf))
-    except orjson.JSONDecodeError:
-        return False
-    bearer = obj.get("bearer") if isinstance(obj, dict) else None
-    if not isinstance(bearer, str):
-        return False
-    return hmac.compare_digest(bearer.encode(), token.encode())
-
-
-def tcp_addr(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class _Client:
@@ -106,6 +82,7 @@ class _Client:
         self.cap = cap
         self.dropped = 0
         self.eof = False  # close gracefully once pending is written
+        self.stalled = False  # a fault plan's slow reader: pending is not written meanwhile
         self.aborted = False  # stop writing now
         self.wake = asyncio.Event()
 
@@ -136,11 +113,15 @@ class FakeAgentWorker:
         inbox_capacity: int = INBOX_CAPACITY,
         linger: float = LINGER,
         transcript_path: str | os.PathLike[str] | None = None,
+        fault_plan: FaultPlan | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.script: list[dict[str, Any] | str] = list(script)
         self.interactive = interactive
         self.ring_size = ring_size
+        self.fault_plan = fault_plan
+        if fault_plan is not None and fault_plan.line_delay is not None:
+            line_delay = fault_plan.line_delay
         self.line_delay = line_delay
         self.on_status = on_status
         self.on_exit = on_exit
@@ -159,7 +140,10 @@ class FakeAgentWorker:
         self.connections_total = 0
         self.auth_failures = 0
         self.replies_emitted = 0
+        self.exited_detached = False  # the run ended while no reader was connected
         # internals
+        self._relisten: list[Callable[[], Any]] = []  # how to listen again after a refusal
+        self._faults = FaultRunner(fault_plan, self) if fault_plan is not None else None
         self._ring: deque[bytes] = deque(maxlen=ring_size)
         self._clients: set[_Client] = set()
         self._servers: list[asyncio.Server] = []
@@ -180,6 +164,16 @@ class FakeAgentWorker:
             self._transcript = open(transcript_path, "ab")  # closed at exit
 
     # --- properties -------------------------------------------------------------------------
+
+    @property
+    def cuts(self) -> int:
+        """Fault plan: how many times the readers were cut."""
+        return self._faults.cuts if self._faults is not None else 0
+
+    @property
+    def refused_windows(self) -> int:
+        """Fault plan: how many times the endpoint stopped listening."""
+        return self._faults.refused_windows if self._faults is not None else 0
 
     @property
     def lines_emitted(self) -> int:
@@ -212,14 +206,16 @@ class FakeAgentWorker:
     # --- serving ----------------------------------------------------------------------------
 
     async def serve_unix(self, path: str) -> UnixEndpoint:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-
         async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             await self._on_connect(r, w, None)
 
-        server = await asyncio.start_unix_server(on_connect, path=path, limit=STREAM_LIMIT)
-        self._servers.append(server)
-        self._unix_paths.append((path, os.stat(path).st_ino))
+        async def listen() -> None:
+            server, ino = await listen_unix(on_connect, path, limit=STREAM_LIMIT)
+            self._servers.append(server)
+            self._unix_paths.append((path, ino))
+
+        await listen()
+        self._relisten.append(listen)
         ep = UnixEndpoint(path=path)
         self.endpoints.append(ep)
         return ep
@@ -232,12 +228,16 @@ class FakeAgentWorker:
         async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             await self._on_connect(r, w, token)
 
-        server = await asyncio.start_server(
-            on_connect, host=host, port=port, ssl=ssl_context, limit=STREAM_LIMIT
-        )
+        server = await listen_tcp(on_connect, host, port, ssl_context, limit=STREAM_LIMIT)
         self._servers.append(server)
-        bound = server.sockets[0].getsockname()[1]
-        ep = TcpEndpoint(addr=tcp_addr(host, int(bound)))
+        bound = bound_port(server)
+
+        async def listen() -> None:  # again on the same port, after a refused window
+            again = await listen_tcp(on_connect, host, bound, ssl_context, limit=STREAM_LIMIT)
+            self._servers.append(again)
+
+        self._relisten.append(listen)
+        ep = TcpEndpoint(addr=tcp_addr(host, bound))
         self.endpoints.append(ep)
         return ep
 
@@ -317,6 +317,8 @@ class FakeAgentWorker:
         for c in self._clients:
             if not c.offer(line):
                 self.lines_dropped += 1
+        if self._faults is not None:
+            self._faults.after_line(len(self.history))
 
     def _emit_frame(self, frame: dict[str, Any]) -> None:
         ti = frame.get("turn_index")
@@ -325,6 +327,35 @@ class FakeAgentWorker:
         if frame.get("type") == "TurnStart" and isinstance(frame.get("model"), str):
             self._model = frame["model"]
         self._emit(orjson.dumps(frame))
+
+    # --- internals: fault plan hooks (prospero.testkit.faults.FaultRunner) -----------------
+
+    @property
+    def exiting(self) -> bool:
+        return self._exit_started
+
+    def readers(self) -> list[_Client]:
+        return list(self._clients)
+
+    def write_line(self, line: bytes) -> None:
+        self._emit(line)
+
+    def stop_listening(self) -> None:
+        """Close the listeners for now: dials are refused (a Unix socket file stays, dead,
+        until the worker listens again or exits)."""
+        servers, self._servers = self._servers, []
+        for srv in servers:
+            srv.close()
+
+    async def listen_again(self) -> None:
+        """After a refused window: listen again on the same addresses."""
+        for listen in self._relisten:
+            try:
+                await listen()
+            except OSError as e:
+                log.warning("fake agent %s: cannot listen again: %s", self.agent_id, e)
+        if self._exit_started:  # exited while we re-listened
+            self._close_servers()
 
     async def _pace(self) -> None:
         # Always yield: a real worker's producer (a model stream) never emits a burst without
@@ -348,9 +379,17 @@ class FakeAgentWorker:
 
     async def _play(self) -> None:
         has_wait = any(isinstance(e, dict) and "$wait_input" in e for e in self.script)
+        plan = self.fault_plan
         try:
+            if plan is not None:
+                for bad in plan.bad_lines_after(0):
+                    self._emit(bad)
             for entry in self.script:
                 await self._gate.wait()
+                if plan is not None and plan.crash_at is not None:
+                    if self.lines_emitted >= plan.crash_at:  # a stream error: no RunEnd
+                        await self._exit(plan.crash_code, linger=False)
+                        return
                 if isinstance(entry, str):
                     self._emit(entry.encode())
                     await self._pace()
@@ -433,10 +472,12 @@ class FakeAgentWorker:
         if linger and self.linger > 0:
             await asyncio.sleep(self.linger)
         self.exit_code = code
+        self.exited_detached = not self._clients
         self._close_servers()
         self._notify_exit(code)
         for c in list(self._clients):
             c.eof = True
+            c.stalled = False  # a slow reader still gets what its queue kept
             c.wake.set()
         await self._wait_conn_tasks(CLOSE_GRACE)
         self._close_transcript()
@@ -444,6 +485,8 @@ class FakeAgentWorker:
 
     def _close_servers(self) -> None:
         self._accepting = False
+        if self._faults is not None:
+            self._faults.close()
         for s in self._servers:
             s.close()
         self._servers.clear()
@@ -486,18 +529,10 @@ class FakeAgentWorker:
         assert task is not None
         self._conns[task] = writer
         try:
-            if token is not None:
-                try:
-                    ok = await read_bearer_preamble(reader, token)
-                except (OSError, asyncio.IncompleteReadError):
-                    ok = False
-                if not ok:
-                    self.auth_failures += 1
-                    log.info(
-                        "fake agent %s: dropped a connection (bad bearer preamble)", self.agent_id
-                    )
-                    writer.transport.abort()
-                    return
+            if not await admit(reader, writer, token):
+                self.auth_failures += 1
+                log.info("fake agent %s: dropped a connection (bad bearer preamble)", self.agent_id)
+                return
             if not self._accepting:
                 writer.transport.abort()
                 return
@@ -549,7 +584,7 @@ class FakeAgentWorker:
             await w.drain()
         c.backlog = []
         while not c.aborted:
-            if c.pending:
+            if c.pending and not c.stalled:
                 batch, size = [], 0
                 while c.pending and size < WRITE_BATCH:
                     line = c.pending.popleft()
@@ -558,7 +593,7 @@ class FakeAgentWorker:
                 w.write(b"".join(batch))
                 await w.drain()
                 continue
-            if c.eof:
+            if c.eof and not c.pending:
                 return True
             c.wake.clear()
             await c.wake.wait()

@@ -1,0 +1,328 @@
+"""SIGKILL a real prosperod process at >= 10 random moments while agents stream, restarting
+it on the same data dir (SQLite store) each time, against a fake caliband *process*
+(`python -m prospero.testkit.fake_caliband --scenario`). Then, per agent: seq continuity
+(1..N), 0 duplicated events, 0 silent loss against the uncut normalisation of its transcript,
+one agent_finished; and the agents that finished while prosperod was down are caught up.
+
+Kill moments are drawn (seeded) from two kinds: right when a restarted prosperod is ready
+(the "kill -9 ~55 ms after a restart" of issue 9), and when a streaming agent has written a
+random number of further lines (its transcript, polled). Twice the test waits, with prosperod
+down, until agents finish before restarting it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+
+from prospero.core.caliband_client import CalibandClient
+from prospero.core.discovery import socket_path_for
+from prospero.core.sources import canonical_root
+from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.wire.control import AgentRecord, UnixEndpoint
+from prospero.testkit.faults import FaultPlan, Scenario, ScenarioAgent, ScriptSpec, wire_lines
+from prospero.types.events import FleetEvent
+from tests.core.fleet_fixtures import make_git_repo
+from tests.faults.history import expected_of, judge, report
+from tests.support import short_tmpdir, wait_until
+
+PYTHON = sys.executable
+SEED = 9009
+KILLS = 12
+URL_RE = re.compile(r"listening on (http://[^\s\"]+)")
+PACE = 0.004  # seconds per line: a 3,000-line run streams for ~12-15 s
+
+
+def scenario() -> Scenario:
+    long = ScriptSpec(kind="long", n=3000, per_turn=300)
+    agents = [
+        ScenarioAgent(prompt="plain", script=long, plan=FaultPlan(line_delay=PACE)),
+        ScenarioAgent(prompt="cut", script=long, plan=FaultPlan(line_delay=PACE, cut_every=700)),
+        ScenarioAgent(
+            prompt="periodic",
+            script=ScriptSpec(kind="periodic", n=2000, period=4),
+            plan=FaultPlan(line_delay=PACE),
+        ),
+        ScenarioAgent(
+            prompt="short",
+            script=ScriptSpec(kind="long", n=600, per_turn=200),
+            plan=FaultPlan(line_delay=PACE),
+        ),
+    ]
+    return Scenario(agents=tuple(agents))
+
+
+@dataclass
+class Rig:
+    tmp: Path
+    root: str
+    sock: str
+    env: dict[str, str]
+    data: Path
+    procs: list[asyncio.subprocess.Process] = field(default_factory=list)
+    prosperod: asyncio.subprocess.Process | None = None
+    url: str = ""
+    starts: int = 0
+
+    async def start_prosperod(self) -> str:
+        self.starts += 1
+        log = self.tmp / f"prosperod-{self.starts}.log"
+        with log_file(log) as fh:
+            proc = await asyncio.create_subprocess_exec(
+                PYTHON, "-m", "prospero.daemon",
+                "--data-dir", str(self.data), "--no-autostart", "--addr", "127.0.0.1:0",
+                "--poll-interval-ms", "200", "--log-level", "info",
+                stdout=asyncio.subprocess.DEVNULL, stderr=fh, env=self.env,
+            )  # fmt: skip
+        self.procs.append(proc)
+        self.prosperod = proc
+
+        def url() -> str | None:
+            m = URL_RE.search(log.read_text(errors="replace"))
+            if proc.returncode is not None:
+                raise AssertionError(f"prosperod exited early:\n{log.read_text()[-3000:]}")
+            return m.group(1) if m else None
+
+        self.url = await poll(url, 60, "prosperod ready")
+        return self.url
+
+    async def kill_prosperod(self) -> None:
+        assert self.prosperod is not None
+        self.prosperod.send_signal(signal.SIGKILL)
+        await self.prosperod.wait()
+        self.prosperod = None
+
+    async def records(self) -> dict[str, AgentRecord]:
+        return {r.id: r for r in await CalibandClient(UnixEndpoint(path=self.sock)).list()}
+
+
+def log_file(path: Path) -> IO[bytes]:
+    return open(path, "wb")
+
+
+async def poll(fn, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    """Bounded polling of a sync function for a truthy value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.02)
+
+
+def transcript(rec: AgentRecord) -> list[bytes]:
+    path = Path(rec.session_dir) / "stdout.ndjson"
+    try:
+        return path.read_bytes().splitlines()
+    except OSError:
+        return []
+
+
+@pytest.fixture
+async def rig(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Rig]:
+    tmp = Path(short_tmpdir())
+    runtime = short_tmpdir()
+    root = canonical_root(str(make_git_repo(tmp / "app")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROSPERO_")}
+    env.update(CALIBAN_DAEMON_RUNTIME_DIR=runtime, XDG_DATA_HOME=str(tmp / "xdg"))
+    monkeypatch.setenv("CALIBAN_DAEMON_RUNTIME_DIR", runtime)
+    sock = socket_path_for(root)
+    Path(sock).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    scen = tmp / "scenario.json"
+    scen.write_bytes(scenario().model_dump_json().encode())
+    r = Rig(tmp=tmp, root=root, sock=sock, env=env, data=tmp / "data")
+    cal = await asyncio.create_subprocess_exec(
+        PYTHON, "-m", "prospero.testkit.fake_caliband", "--socket", sock,
+        "--workspace-root", root, "--scenario", str(scen), "--data-base", str(tmp / "caliband"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    r.procs.append(cal)
+    assert cal.stdout is not None
+    ready = await asyncio.wait_for(cal.stdout.readline(), 60)
+    assert ready.startswith(b"ready "), ready
+    try:
+        yield r
+    finally:
+        for p in reversed(r.procs):
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM if p is cal else signal.SIGKILL)
+                try:
+                    await asyncio.wait_for(p.wait(), 20)
+                except TimeoutError:
+                    p.kill()
+                    await p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def events(
+    c: httpx.AsyncClient, agent_id: str, start: int = 0, limit: int | None = None
+) -> list[dict[str, object]]:
+    params = {"from": start} | ({"limit": limit} if limit else {})
+    r = await c.get(f"/api/agents/{agent_id}/events", params=params)
+    return list(r.json()) if r.status_code == 200 else []
+
+
+async def spawn(c: httpx.AsyncClient, prompt: str) -> str:
+    r = await c.post(
+        "/api/workspaces/app/agents", json={"prompt": f"{prompt} go", "isolation": "shared"}
+    )
+    assert r.status_code in (200, 201), r.text
+    return str(r.json()["agent_id"])
+
+
+@pytest.mark.timeout(420)  # ~80-100 s: 13 prosperod starts, 12 of them killed
+async def test_sigkill_prosperod_at_random_moments(rig: Rig) -> None:
+    rng = random.Random(SEED)
+    waves = {0: ["plain", "cut", "periodic"], 2: ["short"], 4: ["plain", "short", "cut"],
+             7: ["periodic", "plain", "short"], 10: ["plain", "cut"]}  # fmt: skip
+    wait_down = {4, 9}  # after these kills, wait (prosperod down) until agents finish
+    spawned: dict[str, str] = {}  # agent id -> prompt
+    finished_while_down: set[str] = set()
+    kill_log: list[str] = []
+    t0 = time.monotonic()
+    for i in range(KILLS):
+        url = await rig.start_prosperod()
+        async with httpx.AsyncClient(base_url=url, timeout=20) as c:
+            if i == 0:
+                r = await c.post("/api/workspaces", json={"name": "app", "root": rig.root})
+                assert r.status_code == 201, r.text
+            mode = rng.choice(["ready", "catching-up", "catching-up", "progress"])
+            if i in waves:
+                mode = "progress"
+            for prompt in waves.get(i, []):
+                spawned[await spawn(c, prompt)] = prompt
+            live_ids = {
+                a
+                for a, r in (await rig.records()).items()
+                if a in spawned and not r.status.terminal
+            }
+            if mode == "catching-up" and live_ids:
+                # kill as soon as the restarted drivers store new events (mid catch-up)
+                counts = {a: len(await events(c, a)) for a in live_ids}
+
+                async def grew(before: dict[str, int] = counts) -> bool:
+                    for a, n in before.items():
+                        if await events(c, a, n + 1, 1):
+                            return True
+                    return False
+
+                await wait_until(grew, 60, interval=0.005, what="catch-up under way")
+        if mode == "progress":
+            recs = await rig.records()
+            live = [r for a, r in recs.items() if a in spawned and not r.status.terminal]
+            if live:
+                target = rng.choice(live)
+                mark = len(transcript(target)) + rng.randint(30, 700)
+                await poll(
+                    lambda t=target, m=mark: (
+                        len(transcript(t)) >= m
+                        or any(b'"RunEnd"' in ln for ln in transcript(t)[-1:])
+                    ),
+                    60,
+                    "agent progress",
+                )
+        await rig.kill_prosperod()
+        recs = await rig.records()
+        running = {a for a, r in recs.items() if a in spawned and not r.status.terminal}
+        kill_log.append(f"kill {i + 1}: {mode}, {len(running)} streaming")
+        if i in wait_down and running:
+
+            async def all_done(ids: set[str] = running) -> bool:
+                now = await rig.records()
+                return all(now[a].status.terminal for a in ids)
+
+            await wait_until(all_done, 60, interval=0.05, what="agents finished while down")
+            finished_while_down |= running
+    # Final run: everything is caught up, then a clean stop.
+    url = await rig.start_prosperod()
+    recs = await rig.records()
+
+    async def caught_up() -> bool:
+        now = await rig.records()
+        if not all(now[a].status.terminal for a in spawned):
+            return False
+        async with httpx.AsyncClient(base_url=url, timeout=20) as c:
+            for a in spawned:
+                r = await c.get(f"/api/agents/{a}/events")
+                if r.status_code != 200 or not any(
+                    e["kind"]["kind"] == "agent_finished" for e in r.json()
+                ):
+                    return False
+        return True
+
+    try:
+        await wait_until(caught_up, 90, interval=0.2, what="every agent caught up")
+    finally:
+        assert rig.prosperod is not None
+        rig.prosperod.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(rig.prosperod.wait(), 30)
+    elapsed = time.monotonic() - t0
+    # Judge every agent's stored history against its transcript's uncut normalisation.
+    recs = await rig.records()
+    store = SqliteEventStore(rig.data / "events.db")
+    await store.open()
+    try:
+        histories: dict[str, list[FleetEvent]] = {a: await store.replay(a) for a in spawned}
+    finally:
+        await store.close()
+    totals = {"agents": len(spawned), "events": 0, "duplicates": 0, "silent_loss": 0,
+              "seq_holes": 0, "gaps": 0, "discovered": 0, "finished_while_down": 0}  # fmt: skip
+    problems: list[str] = []
+    sc = scenario()
+    for a, prompt in spawned.items():
+        lines = transcript(recs[a])
+        entry = sc.entry(f"{prompt} go")
+        assert entry is not None
+        assert lines == wire_lines(entry.script.build(), entry.plan), f"{a}: transcript"
+        h = histories[a]
+        v = judge(h, expected_of(lines, include_thinking=True))
+        seqs = [e.seq for e in h]
+        holes = (
+            len(set(range(1, max(seqs, default=0) + 1)) - set(seqs)) + len(seqs) - len(set(seqs))
+        )
+        discovered = sum(1 for e in h if e.kind.kind == "agent_discovered")
+        n_fin = sum(1 for e in h if e.kind.kind == "agent_finished")
+        totals["events"] += len(h)
+        totals["duplicates"] += v.duplicates
+        totals["silent_loss"] += v.silent_loss
+        totals["seq_holes"] += holes
+        totals["gaps"] += v.gaps
+        totals["discovered"] += discovered
+        if a in finished_while_down and n_fin == 1:
+            totals["finished_while_down"] += 1
+        if not (v.ok and v.seq_ok) or holes or n_fin != 1:
+            problems.append(
+                f"{a} ({prompt}): ok={v.ok} exact={v.exact} dup={v.duplicates} "
+                f"loss={v.silent_loss} gaps={v.gaps} seq_holes={holes} agent_finished={n_fin} "
+                f"{v.detail}"
+            )
+    counts = " ".join(f"{k}={v}" for k, v in totals.items())
+    summary = f"FAULT-SUITE sigkill: kills={len(kill_log)} {counts} elapsed={elapsed:.1f}s"
+    print()
+    for k in kill_log:
+        print("  ", k)
+    for p in problems:
+        print("  FAIL", p)
+    report(summary)
+    print("   finished while down:", len(finished_while_down), "agents")
+    assert len(kill_log) >= 10
+    assert finished_while_down, "no agent finished while prosperod was down"
+    assert not problems, summary + "\n" + "\n".join(problems)
+    assert totals["finished_while_down"] == len(finished_while_down), summary
+    # Agents this prosperod spawned are never "discovered" again after a restart.
+    assert totals["discovered"] == 0, summary
