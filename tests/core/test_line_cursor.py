@@ -172,6 +172,31 @@ def test_a_quiet_replay_is_settled_without_a_duplicate() -> None:
     assert new == [b"h"] and gap is not None
 
 
+def test_a_replay_stalled_midway_is_not_settled() -> None:
+    """The worker has at least `seen` lines, so its replay is at least min(ring, seen) long: a
+    quiet spell before that many replay lines arrived (a starved worker, a loaded machine) is a
+    stall, not the end of the replay, and settling then would take old lines for new ones."""
+    hist = [b"x"] * 3000
+    hist[0] = b"start"
+    hist[1999] = b"y"  # a lone distinct line inside the replay: wrong alignments die late
+    c = Consumer()
+    c.connect(hist[:2600])
+    c.cursor.begin_connection()
+    replay = hist[2600 - RING : 2600] + hist[2600:2700]
+    for ln in replay[:500]:
+        assert c.cursor.push(line_digest(ln), ln) == []
+    assert c.cursor.anchoring
+    assert c.cursor.settle() == (None, [])  # 500 < min(1024, 2600): stalled, not decided
+    out: list[bytes] = []
+    for ln in replay[500:]:
+        for item in c.cursor.push(line_digest(ln), ln):
+            if isinstance(item, NewLine):
+                out.append(item.payload)
+    # The whole replay decides: no old line taken for new (settling at 500 lines took ~600).
+    assert out == hist[2600:2700]
+    assert c.cursor.seen == 2700
+
+
 def test_distinct_lines_have_no_ambiguity() -> None:
     hist = lines(3000)
     w = Worker(hist)

@@ -277,6 +277,11 @@ class LineCursor(Generic[P]):
         does at `ring` lines. A no-op unless `anchoring`."""
         if not self.anchoring:
             return None, []
+        if len(self._buf) < min(self.ring, self._seen):
+            # The worker has at least `seen` lines, so its replay is at least min(ring, seen)
+            # long: a replay shorter than that is not all in yet (a stall mid-replay, e.g. a
+            # starved worker), and deciding now could take old lines for new ones.
+            return None, []
         if self._anchors:
             fits = [(p, h) for p in self._anchors if (h := self._fit(p)) is not None]
             if fits:
