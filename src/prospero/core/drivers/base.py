@@ -13,7 +13,7 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from prospero.core import metrics as m
 from prospero.core.errors import ProsperoError
@@ -169,10 +169,24 @@ class ReconnectingDriver:
 
     protocol: str = ""
 
-    def __init__(self, target: DriverTarget, options: DriverOptions, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        target: DriverTarget,
+        sink: EventSink,
+        options: DriverOptions,
+        metrics: Metrics,
+        cursor_store: CursorStore | None = None,
+    ) -> None:
         self.target = target
+        self.sink = sink
         self.options = options
         self.metrics = metrics
+        self.cursor_store = cursor_store
+        # run() bookkeeping: whether a run is in flight, its task, and set while none is
+        self._running = False
+        self._run_task: asyncio.Task[Any] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._terminal = False
         self._closing = False
         self._close_event = asyncio.Event()

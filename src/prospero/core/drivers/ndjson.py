@@ -128,13 +128,11 @@ class NdjsonDriver(TranscriptReading, ReconnectingDriver):
         transcript_poll: float = 0.05,
         settle_after: float = 0.5,
     ) -> None:
-        super().__init__(target, options, metrics)
-        self.sink = sink
+        super().__init__(target, sink, options, metrics, cursor_store)
         # Optional batch path of the sink (see BatchEventSink); else one await per event.
         batch_sink = getattr(sink, "emit_batch", None)
         self._batch_sink: BatchFn | None = batch_sink if callable(batch_sink) else None
         self._sink_takes_cursor = self._batch_sink is not None and _takes_cursor(self._batch_sink)
-        self.cursor_store = cursor_store
         self.save_interval = save_interval
         self.terminal_eof_timeout = terminal_eof_timeout
         self.transcript_poll = transcript_poll
@@ -142,10 +140,6 @@ class NdjsonDriver(TranscriptReading, ReconnectingDriver):
         self.cursor: LineCursor[bytes | None] = LineCursor(cursor_window, worker_ring)
         self.normalizer = Normalizer(options, metrics)
         self._loaded = cursor_store is None
-        self._running = False
-        self._run_task: asyncio.Task[Any] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._writer: asyncio.StreamWriter | None = None
         self._exact_to_end = False  # the transcript was last read, by position, to its end
         # persistence bookkeeping

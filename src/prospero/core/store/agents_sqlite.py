@@ -13,22 +13,16 @@ process, so one connection serves both.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from pydantic import ValidationError
 
-from prospero.core.errors import StoreError
-from prospero.core.store.sqlite_db import SqliteDb
+from prospero.core.store.sqlite_db import LazySqliteStore
 from prospero.types.model import AgentMeta
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS agent_meta (
@@ -52,43 +46,15 @@ def _parse(agent_id: str, raw: str) -> AgentMeta | None:
         return None
 
 
-class SqliteAgentMetaStore:
+class SqliteAgentMetaStore(LazySqliteStore):
     """AgentMeta rows on a SQLite file (normally the event store's `events.db`).
 
     Opens lazily on first use; `open()`/`close()` are available for explicit lifecycles."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        self._db: SqliteDb | None = None
-        self._lock = asyncio.Lock()
-
-    async def open(self) -> None:
-        async with self._lock:
-            if self._db is not None:
-                return
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            db = SqliteDb(self.path, "agents")
-            try:
-                await db.open()
-                await db.run(_init)
-            except sqlite3.Error as e:
-                await db.close()
-                raise StoreError(f"agent metadata store open failed: {e}") from e
-            self._db = db
-
-    async def close(self) -> None:
-        db, self._db = self._db, None
-        if db is not None:
-            await db.close()
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
-        if self._db is None:
-            await self.open()
-        assert self._db is not None
-        try:
-            return await self._db.run(fn)
-        except sqlite3.Error as e:
-            raise StoreError(f"agent metadata {what} failed: {e}") from e
+        super().__init__(
+            path, thread="agents", label="agent metadata", init=_init, open_what="store open"
+        )
 
     async def get_meta(self, agent_id: str) -> AgentMeta | None:
         def job(conn: sqlite3.Connection) -> str | None:

@@ -17,25 +17,20 @@ exactly one caller moves a decision out of `pending`, also across processes shar
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
-from prospero.core.errors import StoreError
 from prospero.core.store.decisions import SessionRule
-from prospero.core.store.sqlite_db import SqliteDb
+from prospero.core.store.sqlite_db import LazySqliteStore
 from prospero.types.decisions import Decision, DecisionState, WorkspacePolicy
 from prospero.types.events import DecisionOption, DecisionToolCall
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 _SCHEMA = (
@@ -157,43 +152,11 @@ def _init(conn: sqlite3.Connection) -> None:
         raise
 
 
-class SqliteDecisionStore:
+class SqliteDecisionStore(LazySqliteStore):
     """DecisionStore on a SQLite file (conventionally prosperod's `events.db`)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        self._db: SqliteDb | None = None
-        self._lock = asyncio.Lock()
-
-    async def open(self) -> None:
-        async with self._lock:
-            if self._db is not None:
-                return
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            db = SqliteDb(self.path, "decisions")
-            try:
-                await db.open()
-                await db.run(_init)
-            except sqlite3.Error as e:
-                await db.close()
-                raise StoreError(f"decision store open failed: {e}") from e
-            self._db = db
-
-    async def close(self) -> None:
-        db, self._db = self._db, None
-        if db is not None:
-            await db.close()
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
-        if self._db is None:
-            await self.open()
-        db = self._db
-        if db is None:
-            raise StoreError("decision store is closed")
-        try:
-            return await db.run(fn)
-        except sqlite3.Error as e:
-            raise StoreError(f"decision store {what} failed: {e}") from e
+        super().__init__(path, thread="decisions", label="decision store", init=_init)
 
     # ---- decisions ---------------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ import orjson
 from prospero.core.errors import SeqConflict, StoreError
 from prospero.core.store.base import CursorMark, StoredEvent, UsageDay
 from prospero.core.store.reduce import free_form_safe, needs_check, reduce_compact, reduce_kind
-from prospero.core.store.sqlite_db import SqliteDb
+from prospero.core.store.sqlite_db import LazySqliteStore, SqliteDb
 from prospero.types.events import (
     EVENT_KIND_ADAPTER,
     AgentFinished,
@@ -803,46 +803,14 @@ class SqliteEventStore:
         return await self._read(job, "load_cursor")
 
 
-class SqliteConfigStore:
+class SqliteConfigStore(LazySqliteStore):
     """Registered workspaces on a SQLite file (may be the event store's `events.db`).
 
     Opens lazily on first use; `open()`/`close()` are available for explicit lifecycles.
     """
 
     def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        self._db: SqliteDb | None = None
-        self._lock = asyncio.Lock()
-
-    async def open(self) -> None:
-        async with self._lock:
-            if self._db is not None:
-                return
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            db = SqliteDb(self.path, "cfg")
-            try:
-                await db.open()
-                await db.run(_init_schema)
-            except Exception as e:
-                await db.close()
-                if isinstance(e, sqlite3.Error):
-                    raise _wrap(e, "open") from e
-                raise
-            self._db = db
-
-    async def close(self) -> None:
-        db, self._db = self._db, None
-        if db is not None:
-            await db.close()
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
-        if self._db is None:
-            await self.open()
-        assert self._db is not None
-        try:
-            return await self._db.run(fn)
-        except sqlite3.Error as e:
-            raise _wrap(e, what) from e
+        super().__init__(path, thread="cfg", label="sqlite", init=_init_schema)
 
     async def list_workspaces(self) -> list[RegisteredWorkspace]:
         def job(conn: sqlite3.Connection) -> list[RegisteredWorkspace]:

@@ -12,6 +12,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 from prospero.core.errors import StoreError
@@ -97,3 +98,64 @@ class SqliteDb:
         except RuntimeError:
             pass
         self._executor.shutdown(wait=True)
+
+
+class LazySqliteStore:
+    """Base of a store that keeps one SqliteDb of its own, opened lazily on first use
+    (`open()`/`close()` are available for explicit lifecycles).
+
+    `init` runs on the connection once it is open (schema creation); a sqlite3 error there
+    or in `_run` surfaces as StoreError(f"{label} {what} failed: ..."), where `what` is
+    `open_what` for the open."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        thread: str,
+        label: str,
+        init: Callable[[sqlite3.Connection], None],
+        open_what: str = "open",
+    ) -> None:
+        self.path = str(path)
+        self._db: SqliteDb | None = None
+        self._lock = asyncio.Lock()
+        self._thread = thread
+        self._label = label
+        self._init = init
+        self._open_what = open_what
+
+    def _error(self, e: sqlite3.Error, what: str) -> StoreError:
+        return StoreError(f"{self._label} {what} failed: {e}")
+
+    async def open(self) -> None:
+        async with self._lock:
+            if self._db is not None:
+                return
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            db = SqliteDb(self.path, self._thread)
+            try:
+                await db.open()
+                await db.run(self._init)
+            except Exception as e:
+                await db.close()
+                if isinstance(e, sqlite3.Error):
+                    raise self._error(e, self._open_what) from e
+                raise
+            self._db = db
+
+    async def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            await db.close()
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], what: str) -> T:
+        if self._db is None:
+            await self.open()
+        db = self._db
+        if db is None:
+            raise StoreError(f"{self._label} is closed")
+        try:
+            return await db.run(fn)
+        except sqlite3.Error as e:
+            raise self._error(e, what) from e

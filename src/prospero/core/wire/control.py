@@ -45,6 +45,22 @@ Endpoint = Annotated[UnixEndpoint | TcpEndpoint, Field(discriminator="scheme")]
 ENDPOINT_ADAPTER: TypeAdapter[Endpoint] = TypeAdapter(Endpoint)
 
 
+# The nine SpawnSpec keys of the golden serialised form (§3.2), always on the wire.
+_GOLDEN_SPEC_FIELDS = frozenset(
+    {
+        "label",
+        "frontmatter_path",
+        "initial_prompt",
+        "model",
+        "provider",
+        "tool_allowlist",
+        "isolation_worktree",
+        "inherit_hooks",
+        "interactive",
+    }
+)
+
+
 class SpawnSpec(_Wire):
     """caliband SpawnSpec. Field order matches the golden serialised form (§3.2)."""
 
@@ -65,19 +81,7 @@ class SpawnSpec(_Wire):
     drive_protocol: DriveProtocol = "ndjson"
 
     def to_wire(self) -> dict[str, Any]:
-        out = self.model_dump(
-            include={
-                "label",
-                "frontmatter_path",
-                "initial_prompt",
-                "model",
-                "provider",
-                "tool_allowlist",
-                "isolation_worktree",
-                "inherit_hooks",
-                "interactive",
-            }
-        )
+        out = self.model_dump(include=set(_GOLDEN_SPEC_FIELDS))
         if self.inherited_hooks_config is not None:
             out["inherited_hooks_config"] = self.inherited_hooks_config
         if self.source is not None:
@@ -89,22 +93,7 @@ class SpawnSpec(_Wire):
 
 # The SpawnSpec keys caliband itself knows (§3.1, plus `drive_protocol` from 0.14 on): the
 # only keys it keeps from a spawn request and echoes back in `listed`.
-CALIBAND_SPEC_FIELDS = frozenset(
-    {
-        "label",
-        "frontmatter_path",
-        "initial_prompt",
-        "model",
-        "provider",
-        "tool_allowlist",
-        "isolation_worktree",
-        "inherit_hooks",
-        "interactive",
-        "inherited_hooks_config",
-        "source",
-        "drive_protocol",
-    }
-)
+CALIBAND_SPEC_FIELDS = _GOLDEN_SPEC_FIELDS | {"inherited_hooks_config", "source", "drive_protocol"}
 # The AgentRecord keys of a `listed` reply (§2.1).
 AGENT_RECORD_FIELDS = frozenset(
     {"id", "name", "status", "started_at", "session_dir", "endpoint", "working_dir", "spec"}

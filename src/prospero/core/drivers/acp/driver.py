@@ -93,9 +93,7 @@ class AcpDriver(ReconnectingDriver, AcpSession):
         tool_input_hold: float = 1.0,
         close_timeout: float = 5.0,
     ) -> None:
-        super().__init__(target, options, metrics)
-        self.sink = sink
-        self.cursor_store = cursor_store
+        super().__init__(target, sink, options, metrics, cursor_store)
         self.broker: PermissionBroker = broker if broker is not None else PolicyBroker()
         self.extra_observers = list(observers)
         self.ownership = ownership
@@ -105,10 +103,6 @@ class AcpDriver(ReconnectingDriver, AcpSession):
         self.tool_input_hold = tool_input_hold
         self.close_timeout = close_timeout
         register(self)  # raises DriverConflict: one driver per agent per process
-        self._running = False
-        self._run_task: asyncio.Task[Any] | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._conclude_request: tuple[str, str] | None = None
         self._pending_loss: str | None = None  # a turn lost with its connection, cause unknown
         self._auth_refused_prompt: str | None = None

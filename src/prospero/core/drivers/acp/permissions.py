@@ -147,6 +147,15 @@ class PermissionBridge:
         return s.RequestPermissionResponse(outcome=s.DeniedOutcome(outcome="cancelled"))
 
 
+def _unserved(method: str) -> Callable[..., Awaitable[Any]]:
+    """An AcpClient method for an agent -> client request it does not serve: method-not-found."""
+
+    async def refuse(self: AcpClient, **params: Any) -> Any:
+        raise acp.RequestError.method_not_found(method)
+
+    return refuse
+
+
 class AcpClient:
     """What the SDK calls for agent → client messages (see the module docstring)."""
 
@@ -171,32 +180,16 @@ class AcpClient:
     ) -> s.RequestPermissionResponse:
         return await self._on_permission(session_id, tool_call, options)
 
-    def _unserved(self, method: str) -> acp.RequestError:
-        return acp.RequestError.method_not_found(method)
-
-    async def read_text_file(self, **params: Any) -> Any:
-        raise self._unserved("fs/read_text_file")
-
-    async def write_text_file(self, **params: Any) -> Any:
-        raise self._unserved("fs/write_text_file")
-
-    async def create_terminal(self, **params: Any) -> Any:
-        raise self._unserved("terminal/create")
-
-    async def terminal_output(self, **params: Any) -> Any:
-        raise self._unserved("terminal/output")
-
-    async def release_terminal(self, **params: Any) -> Any:
-        raise self._unserved("terminal/release")
-
-    async def wait_for_terminal_exit(self, **params: Any) -> Any:
-        raise self._unserved("terminal/wait_for_exit")
-
-    async def kill_terminal(self, **params: Any) -> Any:
-        raise self._unserved("terminal/kill")
+    read_text_file = _unserved("fs/read_text_file")
+    write_text_file = _unserved("fs/write_text_file")
+    create_terminal = _unserved("terminal/create")
+    terminal_output = _unserved("terminal/output")
+    release_terminal = _unserved("terminal/release")
+    wait_for_terminal_exit = _unserved("terminal/wait_for_exit")
+    kill_terminal = _unserved("terminal/kill")
 
     async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        raise self._unserved(f"_{method}")
+        raise acp.RequestError.method_not_found(f"_{method}")
 
     async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
         return None
