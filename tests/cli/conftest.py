@@ -19,7 +19,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import httpx
 import pytest
@@ -155,6 +155,17 @@ class LiveStack:
         await self.server.start()
         self.url = self.server.url
 
+    @contextlib.contextmanager
+    def serving(self, *workspaces: str) -> Iterator[Self]:
+        """Start the stack with `workspaces` added; stop it on exit (a module fixture's body)."""
+        self.start()
+        try:
+            for name in workspaces:
+                self.add_workspace(name)
+            yield self
+        finally:
+            self.stop()
+
     def add_workspace(self, name: str, *, register: bool = True) -> str:
         root = canonical_root(str(git_repo(self.tmp / "repos" / name)))
 
@@ -225,14 +236,8 @@ class LiveStack:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
-    stack = LiveStack(tmp_path_factory.mktemp("cli"))
-    stack.start()
-    try:
-        stack.add_workspace("alpha")
-        stack.add_workspace("beta")
+    with LiveStack(tmp_path_factory.mktemp("cli")).serving("alpha", "beta") as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 class Cli:

@@ -16,12 +16,8 @@ from tests.cli.conftest import Cli, LiveStack
 @pytest.fixture(scope="module")
 def acp_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
     stack = LiveStack(Path(tmp_path_factory.mktemp("cli-adopt")), allow_acp=True)
-    stack.start()
-    try:
-        stack.add_workspace("gamma")
+    with stack.serving("gamma"):
         yield stack
-    finally:
-        stack.stop()
 
 
 def test_adopt_starts_driving_an_acp_agent_spawned_elsewhere(acp_live: LiveStack) -> None:

@@ -15,12 +15,8 @@ TOKEN = "pspo_cli_test_token_0123456789abcdef"
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
     stack = LiveStack(tmp_path_factory.mktemp("cli-auth"), tokens={"ops": TOKEN})
-    stack.start()
-    try:
-        stack.add_workspace("alpha")
+    with stack.serving("alpha"):
         yield stack
-    finally:
-        stack.stop()
 
 
 def test_token_required_and_accepted(secured: LiveStack) -> None:

@@ -86,13 +86,8 @@ class AcpLiveStack(LiveStack):
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AcpLiveStack]:
     stack = AcpLiveStack(tmp_path_factory.mktemp("cli-dec"), tokens=TOKENS)
-    stack.start()
-    try:
-        stack.add_workspace("ws")
-        stack.add_workspace("other")
+    with stack.serving("ws", "other"):
         yield stack
-    finally:
-        stack.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import pytest
 
 from prospero.core.drivers.acp import AcpDriver
 from prospero.core.drivers.base import DriverOptions, DriverTarget, EventSink
@@ -209,3 +211,13 @@ class Rig:
         for p in self.peers:
             await p.listener.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    """A Rig closed after the test (import it into a test module to use it)."""
+    r = Rig()
+    try:
+        yield r
+    finally:
+        await r.aclose()

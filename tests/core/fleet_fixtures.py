@@ -12,12 +12,18 @@ from typing import Any
 
 import pytest
 
+from prospero.core.bus import InProcessBus
 from prospero.core.discovery import socket_path_for
+from prospero.core.emitter import Emitter
 from prospero.core.fleet.local import LocalFleet, LocalFleetConfig
+from prospero.core.fleet.manager import DriverFactory, FleetConfig, FleetManager
+from prospero.core.metrics import Metrics
 from prospero.core.sources import canonical_root
+from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
 from prospero.core.wire.control import SpawnSpec
 from prospero.testkit import scripts
 from prospero.testkit.fake_caliband import FakeCaliband
+from prospero.types.events import FleetEvent
 from prospero.types.model import RegisteredWorkspace
 from tests.support import short_tmpdir
 
@@ -95,3 +101,47 @@ async def fleet_env(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FleetEnv]:
 
 def local_fleet() -> LocalFleet:
     return LocalFleet(LocalFleetConfig(autostart=False, startup_timeout=2.0, request_timeout=5.0))
+
+
+class ManagedStores:
+    """The SQLite event and config stores on `db`, an Emitter over them and a FleetManager on
+    LocalFleet: what the fleet and fault stacks share. Subclasses set `db` and `metrics`."""
+
+    db: Path
+    metrics: Metrics
+
+    async def open_stores(self) -> None:
+        self.store = SqliteEventStore(self.db)
+        await self.store.open()
+        self.config_store = SqliteConfigStore(self.db)
+        await self.config_store.open()
+        self.bus = InProcessBus()
+        self.emitter = Emitter(self.store, self.bus, self.metrics)
+        await self.emitter.start()
+
+    def new_manager(
+        self, config: FleetConfig, factories: dict[str, DriverFactory], **kw: Any
+    ) -> FleetManager:
+        return FleetManager(
+            local_fleet(),
+            self.config_store,
+            self.store,
+            self.emitter,
+            self.metrics,
+            config,
+            driver_factories=factories,
+            **kw,
+        )
+
+    async def close_stores(self, manager: FleetManager) -> None:
+        await manager.stop()
+        await self.emitter.close()
+        await self.config_store.close()
+        await self.store.close()
+
+    async def events(self, key: str) -> list[FleetEvent]:
+        await self.emitter.flush()
+        return await self.store.replay(key)
+
+    async def kinds(self, key: str) -> list[str]:
+        return [e.kind.kind for e in await self.events(key)]

@@ -5,7 +5,7 @@ the methods — one connection, no prompt, never a redial loop."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection
+from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -21,7 +21,9 @@ from prospero.testkit import acp_scripts as S
 from prospero.types.events import AgentFinished, TurnFinished
 from prospero.types.model import RegisteredWorkspace, RepoProviderConfig
 from tests.conformance.agent_driver import Recorder
-from tests.core.acp_support import Rig
+from tests.core.acp_support import Rig, rig
+
+__all__ = ["rig"]  # the shared fixture
 
 T = 15.0
 CODEX_LIKE = [
@@ -31,15 +33,6 @@ CODEX_LIKE = [
 ]
 # A budget that would redial many times if the driver looped.
 OPTS = DriverOptions(backoff_base=0.005, backoff_cap=0.01, max_failures=50)
-
-
-@pytest.fixture
-async def rig() -> AsyncIterator[Rig]:
-    r = Rig()
-    try:
-        yield r
-    finally:
-        await r.aclose()
 
 
 def creds(*names: str) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -48,19 +47,12 @@ from prospero.types.events import (
     Usage,
 )
 from tests.conformance.agent_driver import Recorder
-from tests.core.acp_support import OPTS, MemoryCursorStore, Rig, ScriptedBroker, new_agent_id
+from tests.core.acp_support import OPTS, MemoryCursorStore, Rig, ScriptedBroker, new_agent_id, rig
 from tests.support import wait_until
 
+__all__ = ["rig"]  # the shared fixture
+
 T = 15.0
-
-
-@pytest.fixture
-async def rig() -> AsyncIterator[Rig]:
-    r = Rig()
-    try:
-        yield r
-    finally:
-        await r.aclose()
 
 
 def turns_of(rec: Recorder) -> list[tuple[int, str | None]]:

@@ -5,28 +5,18 @@ idempotent, caliband's terminal status ends the run promptly, and run totals cou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-
-import pytest
 
 from prospero.core.drivers.base import DriverExit, DriverOptions
 from prospero.testkit import acp_scripts as S
 from prospero.types.events import AgentFinished, ToolFinished, TurnLost, Usage
 from prospero.types.model import AgentStatus
 from tests.conformance.agent_driver import Recorder
-from tests.core.acp_support import Rig
+from tests.core.acp_support import Rig, rig
 from tests.support import wait_until
 
+__all__ = ["rig"]  # the shared fixture
+
 T = 15.0
-
-
-@pytest.fixture
-async def rig() -> AsyncIterator[Rig]:
-    r = Rig()
-    try:
-        yield r
-    finally:
-        await r.aclose()
 
 
 def busy_turn() -> S.AcpScript:

@@ -12,11 +12,9 @@ import pytest
 from acp.connection import StreamEvent
 
 from prospero.core import metrics as m
-from prospero.core.bus import InProcessBus
 from prospero.core.discovery import socket_path_for
 from prospero.core.drivers.acp import AcpDriver, AcpResumeState, acp_driver_factory
 from prospero.core.drivers.base import DriverExit
-from prospero.core.emitter import Emitter
 from prospero.core.errors import Conflict
 from prospero.core.fleet.manager import (
     DriverFactory,
@@ -27,14 +25,12 @@ from prospero.core.fleet.manager import (
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Lease, Ownership
 from prospero.core.sources import canonical_root
-from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
 from prospero.core.wire.control import SpawnSpec
 from prospero.testkit import acp_scripts as S
 from prospero.testkit.fake_caliband import FakeCaliband
 from prospero.types.api import SpawnRequest
 from prospero.types.events import (
     AgentFinished,
-    FleetEvent,
     ToolFinished,
     ToolStarted,
     TurnFinished,
@@ -43,7 +39,7 @@ from prospero.types.events import (
 from prospero.types.model import AgentStatus
 from tests.conformance.agent_driver import SESSION
 from tests.core.acp_support import session_turn
-from tests.core.fleet_fixtures import local_fleet, make_git_repo
+from tests.core.fleet_fixtures import ManagedStores, make_git_repo
 from tests.support import short_tmpdir, wait_until
 
 T = 15.0
@@ -99,7 +95,7 @@ class Refuse:
         return False
 
 
-class Env:
+class Env(ManagedStores):
     def __init__(self, root: str, sock: str, fake: FakeCaliband, db: Path) -> None:
         self.root, self.sock, self.fake, self.db = root, sock, fake, db
         self.wire = Wire()
@@ -113,21 +109,11 @@ class Env:
         factories: dict[str, DriverFactory] | None = None,
         ownership: Ownership | None = None,
     ) -> FleetManager:
-        self.store = SqliteEventStore(self.db)
-        await self.store.open()
-        self.config_store = SqliteConfigStore(self.db)
-        await self.config_store.open()
-        self.emitter = Emitter(self.store, InProcessBus(), self.metrics)
-        await self.emitter.start()
+        await self.open_stores()
         if factories is None:
             factories = default_driver_factories()
             factories["acp"] = acp_driver_factory(observers=[self.wire])
-        self.manager = FleetManager(
-            local_fleet(),
-            self.config_store,
-            self.store,
-            self.emitter,
-            self.metrics,
+        self.manager = self.new_manager(
             FleetConfig(
                 poll_interval=0.1,
                 backoff_base=0.02,
@@ -136,7 +122,7 @@ class Env:
                 terminal_grace=0.2,
                 allow_acp=allow_acp,
             ),
-            driver_factories=factories,
+            factories,
             ownership=ownership,
         )
         await self.manager.start(poll=True)
@@ -147,18 +133,8 @@ class Env:
     async def stop(self) -> None:
         if self.manager is None:
             return
-        await self.manager.stop()
-        await self.emitter.close()
-        await self.config_store.close()
-        await self.store.close()
+        await self.close_stores(self.manager)
         self.manager = None
-
-    async def events(self, key: str) -> list[FleetEvent]:
-        await self.emitter.flush()
-        return await self.store.replay(key)
-
-    async def kinds(self, key: str) -> list[str]:
-        return [e.kind.kind for e in await self.events(key)]
 
     async def has(self, key: str, kind: str) -> bool:
         return kind in await self.kinds(key)

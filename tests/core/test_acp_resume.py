@@ -5,7 +5,6 @@ open tool calls closed, and only agents spawned here (or adopted) are driven."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +29,12 @@ from prospero.types.events import (
     expand_kind,
 )
 from prospero.types.model import AgentMeta
-from tests.core.acp_support import MemoryCursorStore, Rig
+from tests.core.acp_support import MemoryCursorStore, Rig, rig
 from tests.support import wait_until
 
+__all__ = ["rig"]  # the shared fixture
+
 T = 15.0
-
-
-@pytest.fixture
-async def rig() -> AsyncIterator[Rig]:
-    r = Rig()
-    try:
-        yield r
-    finally:
-        await r.aclose()
 
 
 class CursorSink:

@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 
 from prospero.core import metrics as m
-from prospero.core.bus import InProcessBus
 from prospero.core.drivers.base import DriverExit, DriverTarget
-from prospero.core.emitter import Emitter
 from prospero.core.errors import (
     AgentNotFound,
     Conflict,
@@ -23,14 +21,14 @@ from prospero.core.errors import (
 )
 from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
 from prospero.core.metrics import Metrics
-from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
+from prospero.core.store.sqlite import SqliteEventStore
 from prospero.core.wire.control import SpawnSpec
 from prospero.testkit import scripts
 from prospero.testkit.fake_caliband import FakeCaliband
 from prospero.types.api import SpawnRequest
 from prospero.types.events import AgentFinished, FleetEvent
 from prospero.types.model import AgentStatus, RepoProviderConfig
-from tests.core.fleet_fixtures import FleetEnv, fleet_env, local_fleet
+from tests.core.fleet_fixtures import FleetEnv, ManagedStores, fleet_env, local_fleet
 from tests.support import short_tmpdir, wait_until
 
 __all__ = ["fleet_env"]
@@ -39,7 +37,7 @@ __all__ = ["fleet_env"]
 FAST = FleetConfig(poll_interval=0.1, backoff_base=0.02, backoff_cap=0.1, terminal_grace=0.2)
 
 
-class Stack:
+class Stack(ManagedStores):
     def __init__(
         self, env: FleetEnv, db: Path, poll: bool = False, config: FleetConfig = FAST
     ) -> None:
@@ -50,37 +48,13 @@ class Stack:
         self.metrics = Metrics()
 
     async def start(self) -> FleetManager:
-        self.store = SqliteEventStore(self.db)
-        await self.store.open()
-        self.config_store = SqliteConfigStore(self.db)
-        await self.config_store.open()
-        self.bus = InProcessBus()
-        self.emitter = Emitter(self.store, self.bus, self.metrics)
-        await self.emitter.start()
-        self.manager = FleetManager(
-            local_fleet(),
-            self.config_store,
-            self.store,
-            self.emitter,
-            self.metrics,
-            self.config,
-            driver_factories=default_driver_factories(),
-        )
+        await self.open_stores()
+        self.manager = self.new_manager(self.config, default_driver_factories())
         await self.manager.start(poll=self.poll)
         return self.manager
 
     async def stop(self) -> None:
-        await self.manager.stop()
-        await self.emitter.close()
-        await self.config_store.close()
-        await self.store.close()
-
-    async def events(self, key: str) -> list[FleetEvent]:
-        await self.emitter.flush()
-        return await self.store.replay(key)
-
-    async def kinds(self, key: str) -> list[str]:
-        return [e.kind.kind for e in await self.events(key)]
+        await self.close_stores(self.manager)
 
 
 @pytest.fixture
@@ -96,17 +70,22 @@ async def finished(stack: Stack, agent_id: str) -> bool:
     return "agent_finished" in await stack.kinds(agent_id)
 
 
+async def wait_status_done(stack: Stack, agent_id: str) -> None:
+    """Poll the workspace until the manager lists the agent as done."""
+
+    async def done() -> bool:
+        await stack.manager.poll_workspace("app")
+        return stack.manager.get_agent(agent_id).status == AgentStatus.done
+
+    await wait_until(done, 10, what="status done")
+
+
 async def test_spawn_streams_rich_events_and_finishes(stack: Stack) -> None:
     resp = await stack.manager.spawn("app", SpawnRequest(prompt="tool run please"))
     assert resp.isolated is True and resp.workspace == "app"
     assert stack.env.fake.received_specs[-1].isolation_worktree is True
     await wait_until(lambda: finished(stack, resp.agent_id), 15, what="agent_finished")
-
-    async def done() -> bool:
-        await stack.manager.poll_workspace("app")
-        return stack.manager.get_agent(resp.agent_id).status == AgentStatus.done
-
-    await wait_until(done, 10, what="status done")
+    await wait_status_done(stack, resp.agent_id)
     evs = await stack.events(resp.agent_id)
     kinds = [e.kind.kind for e in evs]
     assert kinds[0] == "agent_spawned"
@@ -451,12 +430,7 @@ async def test_agents_that_finished_while_prosperod_was_down_are_caught_up(
 async def test_kill_of_a_finished_agent_is_refused_and_changes_nothing(stack: Stack) -> None:
     resp = await stack.manager.spawn("app", SpawnRequest(prompt="hi"))
     await wait_until(lambda: finished(stack, resp.agent_id), 15, what="agent_finished")
-
-    async def done() -> bool:
-        await stack.manager.poll_workspace("app")
-        return stack.manager.get_agent(resp.agent_id).status == AgentStatus.done
-
-    await wait_until(done, 10, what="done")
+    await wait_status_done(stack, resp.agent_id)
     before = await stack.kinds(resp.agent_id)
     with pytest.raises(InvalidState, match="already finished"):
         await stack.manager.kill(resp.agent_id)

@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from prospero.core.bus import InProcessBus
 from prospero.core.discovery import socket_path_for
 from prospero.core.drivers.base import AgentDriver, DriverOptions, DriverTarget, EventSink
-from prospero.core.emitter import Emitter
-from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
+from prospero.core.fleet.manager import FleetConfig, default_driver_factories
 from prospero.core.metrics import Metrics
 from prospero.core.sources import canonical_root
-from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
 from prospero.core.wire.control import SpawnSpec
 from prospero.testkit import scripts
 from prospero.testkit.fake_agent import FakeAgentWorker
@@ -26,7 +23,7 @@ from prospero.testkit.fake_caliband import FakeCaliband
 from prospero.testkit.faults import FaultPlan
 from prospero.types.api import SpawnRequest
 from prospero.types.events import FleetEvent
-from tests.core.fleet_fixtures import local_fleet, make_git_repo
+from tests.core.fleet_fixtures import ManagedStores, make_git_repo
 from tests.support import short_tmpdir, wait_until
 
 CONFIG = FleetConfig(poll_interval=0.1, backoff_base=0.02, backoff_cap=0.2, terminal_grace=1.0)
@@ -54,7 +51,7 @@ class Case:
     agent_id: str = ""
 
 
-class FaultStack:
+class FaultStack(ManagedStores):
     def __init__(self, monkeypatch: pytest.MonkeyPatch, config: FleetConfig = CONFIG) -> None:
         self.monkeypatch = monkeypatch
         self.config = config
@@ -100,31 +97,15 @@ class FaultStack:
             start_paused=True,
         )
         self.db = self.work / "events.db"
-        self.store = SqliteEventStore(self.db)
-        await self.store.open()
-        self.config_store = SqliteConfigStore(self.db)
-        await self.config_store.open()
-        self.emitter = Emitter(self.store, InProcessBus(), self.metrics)
-        await self.emitter.start()
+        await self.open_stores()
         factories = default_driver_factories()
         factories["ndjson"] = self._factory
-        self.manager = FleetManager(
-            local_fleet(),
-            self.config_store,
-            self.store,
-            self.emitter,
-            self.metrics,
-            self.config,
-            driver_factories=factories,
-        )
+        self.manager = self.new_manager(self.config, factories)
         await self.manager.start(poll=True)
         await self.manager.add_workspace("app", self.root)
 
     async def stop(self) -> None:
-        await self.manager.stop()
-        await self.emitter.close()
-        await self.config_store.close()
-        await self.store.close()
+        await self.close_stores(self.manager)
         await self.fake.stop()
         shutil.rmtree(self.work, ignore_errors=True)
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
@@ -147,8 +128,7 @@ class FaultStack:
         return w
 
     async def history(self, agent_id: str) -> list[FleetEvent]:
-        await self.emitter.flush()
-        return await self.store.replay(agent_id)
+        return await self.events(agent_id)
 
     async def settle(
         self,
@@ -174,3 +154,12 @@ class FaultStack:
         except (AssertionError, TimeoutError):
             pass
         return await self.history(case.agent_id)
+
+
+@pytest.fixture
+async def stack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FaultStack]:
+    """A started FaultStack, stopped after the test (import it into a test module to use it)."""
+    s = FaultStack(monkeypatch)
+    await s.start()
+    yield s
+    await s.stop()

@@ -12,7 +12,6 @@ FaultPlan -> NdjsonDriver -> FleetManager -> Emitter -> SQLite):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,16 +20,10 @@ from prospero.testkit.faults import BadFrames, FaultPlan, SlowReader, wire_lines
 from prospero.types.events import AgentFinished, FleetEvent, FramesSkipped, StreamGap
 from prospero.types.model import AgentStatus
 from tests.faults.history import expected_of, judge, report, stream_of
-from tests.faults.stack import CONFIG, Case, FaultStack
+from tests.faults.stack import CONFIG, Case, FaultStack, stack
+
+__all__ = ["stack"]  # the shared fixture
 from tests.support import wait_until
-
-
-@pytest.fixture
-async def stack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FaultStack]:
-    s = FaultStack(monkeypatch)
-    await s.start()
-    yield s
-    await s.stop()
 
 
 def finished_events(history: list[FleetEvent]) -> list[AgentFinished]:
@@ -100,6 +93,31 @@ async def test_worker_exits_before_the_redial_remote_transcript_gives_a_gap(
     assert fin.outcome == "crashed" and fin.detail
 
 
+async def check_caught_up_after_a_detached_exit(
+    stack: FaultStack, key: str, remote: bool, line_delay: float, timeout: float, title: str
+) -> None:
+    """Reconnects are refused from line 1500 until the worker exits, so the run ends with
+    nobody attached: the history must still be complete (local: exactly, from the transcript)
+    or concluded `crashed` (remote), with one agent_finished and no seq hole."""
+    script = scripts.long_script(3000, per_turn=500)
+    plan = FaultPlan(cut_at=(1500,), refuse_until_exit=True, line_delay=line_delay)
+    case = Case(key + ("remote" if remote else ""), script, plan, remote=remote)
+    w = await stack.spawn(case)
+    history = await stack.settle(case, w, timeout=timeout)
+    assert w.exited_detached
+    exp = expected_of(wire_lines(script), stack.config.include_thinking)
+    v = judge(history, exp, concluded_outcomes=frozenset({"crashed"}) if remote else frozenset())
+    report(
+        f"FAULT-SUITE kind {title} ({'remote' if remote else 'local'}):"
+        f" ok={v.ok} exact={v.exact} gaps={v.gaps} dup={v.duplicates} loss={v.silent_loss}"
+        f" agent_finished={len(finished_events(history))} {v.detail}"
+    )
+    assert v.ok and v.seq_ok, v.detail
+    assert len(finished_events(history)) == 1
+    if not remote:
+        assert v.exact
+
+
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
 async def test_driver_out_of_budget_before_the_worker_exits_is_caught_up(
     stack: FaultStack, remote: bool
@@ -108,23 +126,9 @@ async def test_driver_out_of_budget_before_the_worker_exits_is_caught_up(
     run then ends with nobody attached. The agent is terminal and its history has no
     agent_finished: it must still be completed (transcript) or concluded (remote), never left
     open."""
-    script = scripts.long_script(3000, per_turn=500)
-    plan = FaultPlan(cut_at=(1500,), refuse_until_exit=True, line_delay=0.002)
-    case = Case("budget" + ("remote" if remote else ""), script, plan, remote=remote)
-    w = await stack.spawn(case)
-    history = await stack.settle(case, w, timeout=30)
-    assert w.exited_detached
-    exp = expected_of(wire_lines(script), stack.config.include_thinking)
-    v = judge(history, exp, concluded_outcomes=frozenset({"crashed"}) if remote else frozenset())
-    report(
-        f"FAULT-SUITE kind budget spent before a detached exit ({'remote' if remote else 'local'}):"
-        f" ok={v.ok} exact={v.exact} gaps={v.gaps} dup={v.duplicates} loss={v.silent_loss}"
-        f" agent_finished={len(finished_events(history))} {v.detail}"
+    await check_caught_up_after_a_detached_exit(
+        stack, "budget", remote, 0.002, 30, "budget spent before a detached exit"
     )
-    assert v.ok and v.seq_ok, v.detail
-    assert len(finished_events(history)) == 1
-    if not remote:
-        assert v.exact
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
@@ -139,25 +143,9 @@ async def test_driver_gave_up_then_the_agent_ended_is_caught_up(
     stack = FaultStack(monkeypatch, config)
     await stack.start()
     try:
-        script = scripts.long_script(3000, per_turn=500)
-        plan = FaultPlan(cut_at=(1500,), refuse_until_exit=True, line_delay=0.001)
-        case = Case("gaveup" + ("remote" if remote else ""), script, plan, remote=remote)
-        w = await stack.spawn(case)
-        history = await stack.settle(case, w, timeout=20)
-        assert w.exited_detached
-        exp = expected_of(wire_lines(script), config.include_thinking)
-        concluded = frozenset({"crashed"}) if remote else frozenset()
-        v = judge(history, exp, concluded_outcomes=concluded)
-        where = "remote" if remote else "local"
-        report(
-            f"FAULT-SUITE kind gave up, then the run ended ({where}): ok={v.ok} exact={v.exact}"
-            f" gaps={v.gaps} dup={v.duplicates} loss={v.silent_loss}"
-            f" agent_finished={len(finished_events(history))} {v.detail}"
+        await check_caught_up_after_a_detached_exit(
+            stack, "gaveup", remote, 0.001, 20, "gave up, then the run ended"
         )
-        assert v.ok and v.seq_ok, v.detail
-        assert len(finished_events(history)) == 1
-        if not remote:
-            assert v.exact
     finally:
         await stack.stop()
 

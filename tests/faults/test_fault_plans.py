@@ -61,16 +61,21 @@ async def start(tmp: str, script: scripts.Script, plan: FaultPlan) -> FakeAgentW
     return w
 
 
-async def test_cut_at_and_every_abort_readers_and_transcript_is_complete(tmp: str) -> None:
-    script = scripts.long_script(300, per_turn=100)
-    plan = FaultPlan(cut_at=(50,), cut_every=120)
-    w = await start(tmp, script, plan)
+async def read_from_the_start(tmp: str, w: FakeAgentWorker, timeout: float) -> list[bytes]:
+    """Start the worker paused, dial once, let it play: what that one reader got until EOF."""
     w.start()
     w.pause()
     reading = asyncio.create_task(read_all(f"{tmp}/f1.sock"))
     await wait_until(lambda: w.connections_total == 1, 5)
     w.resume()
-    first = await asyncio.wait_for(reading, 10)
+    return await asyncio.wait_for(reading, timeout)
+
+
+async def test_cut_at_and_every_abort_readers_and_transcript_is_complete(tmp: str) -> None:
+    script = scripts.long_script(300, per_turn=100)
+    plan = FaultPlan(cut_at=(50,), cut_every=120)
+    w = await start(tmp, script, plan)
+    first = await read_from_the_start(tmp, w, 10)
     assert 0 < len(first) <= 50 and first == w.history[: len(first)]
     await w.wait_finished(10)
     assert w.cuts == 1 + len(w.history) // 120
@@ -127,12 +132,7 @@ async def test_slow_reader_loses_oldest_lines_beyond_the_broadcast_depth(tmp: st
     script = scripts.long_script(3000, per_turn=3000)
     plan = FaultPlan(slow_readers=(SlowReader(at=200, lines=1500),))
     w = await start(tmp, script, plan)
-    w.start()
-    w.pause()
-    reading = asyncio.create_task(read_all(f"{tmp}/f1.sock"))
-    await wait_until(lambda: w.connections_total == 1, 5)
-    w.resume()
-    got = await asyncio.wait_for(reading, 20)
+    got = await read_from_the_start(tmp, w, 20)
     # lines 201..1700 queue up behind a reader that stopped reading (line 200 may still be
     # queued too): all but the 1024 newest are lost
     assert 1500 - 1024 <= w.lines_dropped <= 1501 - 1024

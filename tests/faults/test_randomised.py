@@ -15,14 +15,15 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from prospero.testkit import scripts
 from prospero.testkit.faults import FaultPlan, SlowReader, mixed_script, periodic_script, wire_lines
 from tests.faults.history import Verdict, expected_of, judge, report
-from tests.faults.stack import Case, FaultStack
+from tests.faults.stack import Case, FaultStack, stack
+
+__all__ = ["stack"]  # the shared fixture
 
 SEED = 20261201
 COMBOS = 208
@@ -87,14 +88,6 @@ def combos() -> list[Case]:
         remote = rng.random() < 1 / 3 and not plan.slow_readers
         out.append(Case(key=f"c{i:03d}-{name}", script=script, plan=plan, remote=remote))
     return out
-
-
-@pytest.fixture
-async def stack(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FaultStack]:
-    s = FaultStack(monkeypatch)
-    await s.start()
-    yield s
-    await s.stop()
 
 
 async def run_case(
