@@ -112,6 +112,9 @@ def log_file(path: Path) -> IO[bytes]:
     return open(path, "wb")
 
 
+POLL_INTERVAL = 0.02
+
+
 async def poll(fn, timeout: float, what: str):  # type: ignore[no-untyped-def]
     """Bounded polling of a sync function for a truthy value."""
     deadline = time.monotonic() + timeout
@@ -121,7 +124,7 @@ async def poll(fn, timeout: float, what: str):  # type: ignore[no-untyped-def]
             return v
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(POLL_INTERVAL)
 
 
 def transcript(rec: AgentRecord) -> list[bytes]:
