@@ -130,6 +130,22 @@ class AgentFinished(_Kind):
     detail: str | None = None
 
 
+RunResult = Literal["done", "failed", "killed", "crashed"]
+
+
+def run_result(outcome: str) -> RunResult:
+    """What an `agent_finished` outcome means for the run, as caliband reads a worker's exit:
+    only a clean end (`EndOfTurn`, `done`) is done (exit 0); `killed` and `crashed` are
+    themselves; every other stop (MaxTurnsReached, Cancelled, Refusal, ProviderError,
+    NotResumable, auth_required, ...) exits non-zero, so failed. The one mapping the usage
+    outcomes and the agent's status both use."""
+    if outcome in ("EndOfTurn", "done"):
+        return "done"
+    if outcome in ("killed", "crashed", "failed"):
+        return outcome  # type: ignore[return-value]
+    return "failed"
+
+
 class AgentGone(_Kind):
     kind: Literal["agent_gone"] = "agent_gone"
 

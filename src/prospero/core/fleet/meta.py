@@ -11,34 +11,14 @@ and its posture is the workspace default (resolved when a decision is made).
 from __future__ import annotations
 
 from prospero.core.wire.control import AgentRecord
+from prospero.types.events import run_result
 from prospero.types.model import Agent, AgentMeta, AgentStatus, DriveProtocol
-
-# agent_finished outcomes that end a run normally (the NDJSON stop labels and the ACP driver's
-# outcome names); anything else but "killed" / "crashed" reads as failed.
-_DONE_OUTCOMES = frozenset(
-    {
-        "",
-        "done",
-        "EndOfTurn",
-        "MaxTurnsReached",
-        "MaxTokensExhausted",
-        "MaxTokens",
-        "Refusal",
-        "Cancelled",
-        "NotResumable",
-    }
-)
 
 
 def outcome_status(outcome: str) -> AgentStatus:
-    """The terminal status an agent_finished outcome reads as."""
-    if outcome == "killed":
-        return AgentStatus.killed
-    if outcome == "crashed":
-        return AgentStatus.crashed
-    if outcome in _DONE_OUTCOMES:
-        return AgentStatus.done
-    return AgentStatus.failed
+    """The terminal status an agent_finished outcome reads as (`run_result`, the mapping
+    /api/usage counts outcomes with)."""
+    return AgentStatus(run_result(outcome))
 
 
 def drive_protocol(rec: AgentRecord, meta: AgentMeta | None) -> DriveProtocol:

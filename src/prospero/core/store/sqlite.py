@@ -25,7 +25,7 @@ Schema (user_version 3):
 - `usage_daily(workspace, day, input_tokens, output_tokens, cost_usd, turns, runs, done, failed,
   killed, crashed, PRIMARY KEY(workspace, day))`: maintained in the append transaction from
   each `turn_finished` (tokens, cost, turns: counted as the turn ends, whatever the agent's
-  state) and `agent_finished` (one run and its outcome, see `outcome_bucket`). Null sums stay
+  state) and `agent_finished` (one run and its outcome, see `types.events.run_result`). Null sums stay
   null until an event reports a value. Retention does not touch it (usage history outlives raw
   events; the rows are tiny). Version 1-2 files counted tokens, cost and turns from
   `agent_finished` and outcomes from terminal `status_changed`: opening one rebuilds the rows
@@ -68,6 +68,7 @@ from prospero.types.events import (
     EventRun,
     FleetEvent,
     TurnFinished,
+    run_result,
     stream_key_for,
 )
 from prospero.types.model import RegisteredWorkspace, RepoProviderConfig
@@ -396,17 +397,6 @@ def _bound_rows(
 _USAGE_TAGS = frozenset({"turn_finished", "agent_finished"})
 
 
-def outcome_bucket(outcome: str) -> str:
-    """The usage outcome (done | failed | killed | crashed) of an `agent_finished` outcome:
-    `EndOfTurn` (or `done`) is done, `killed` and `crashed` are themselves, anything else (a
-    stop condition such as MaxTurnsReached or ProviderError, an ACP refusal...) failed."""
-    if outcome in ("EndOfTurn", "done"):
-        return "done"
-    if outcome in ("killed", "crashed", "failed"):
-        return outcome
-    return "failed"
-
-
 def _account(usage: dict[tuple[str, str], _UsageAcc], kind: Any, repo: str, ts: str) -> None:
     """Fold a usage-relevant event into the per-workspace, per-UTC-day deltas: tokens, cost
     and turns from each `turn_finished` (as it happens, whatever the agent's state), the run
@@ -422,7 +412,7 @@ def _account(usage: dict[tuple[str, str], _UsageAcc], kind: Any, repo: str, ts: 
     elif isinstance(kind, AgentFinished):
         acc = usage.setdefault((repo, ts[:10]), _UsageAcc())
         acc.runs += 1
-        name = outcome_bucket(kind.outcome)
+        name = run_result(kind.outcome)
         setattr(acc, name, getattr(acc, name) + 1)
 
 
