@@ -4,6 +4,8 @@ plane did not spawn, and kill of a finished agent answers 409 and changes nothin
 
 from __future__ import annotations
 
+from typing import Any
+
 from prospero.core.wire.control import CALIBAND_SPEC_FIELDS, SpawnSpec
 from tests.api.conftest import Stack, StackFactory, envelope
 from tests.api.test_decisions_api import acp_stack, pending, spawn
@@ -72,7 +74,16 @@ async def test_kill_of_a_finished_agent_answers_409_and_changes_nothing(stack: S
     agent_id = await stack.spawn()
     await stack.wait_finished(agent_id)
     await stack.wait_status(agent_id, "done")
-    history = await stack.history(agent_id)
+    history: list[dict[str, Any]] = []
+
+    async def settled() -> bool:  # the fleet's status poll records its own status_changed
+        nonlocal history
+        history = await stack.history(agent_id)
+        return any(
+            e["kind"]["kind"] == "status_changed" and e["kind"]["to"] == "done" for e in history
+        )
+
+    await wait_until(settled, T, interval=0.05, what="status_changed to done recorded")
     r = await stack.client.post(f"/api/agents/{agent_id}/kill")
     assert "already finished" in envelope(r, 409, "invalid_state")["error"]
     assert not any(type(q).__name__ == "KillReq" for q in stack.fake.requests)
