@@ -13,6 +13,7 @@ from prospero.types.model import (
     Source,
     WorkspaceHealth,
 )
+from prospero.types.text import AbsolutePath, FreeText, Name
 
 
 class SpawnRequest(BaseModel):
@@ -20,14 +21,14 @@ class SpawnRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, max_length=1_000_000)
-    label: str | None = Field(default=None, max_length=200)
-    model: str | None = Field(default=None, max_length=200)
-    isolation: str | None = None
-    tool_allowlist: list[str] | None = None
+    prompt: FreeText = Field(min_length=1, max_length=1_000_000)
+    label: Name | None = Field(default=None, max_length=200)
+    model: Name | None = Field(default=None, max_length=200)
+    isolation: Name | None = None
+    tool_allowlist: list[Name] | None = None
     interactive: bool = False
-    frontmatter_path: str | None = None
-    provider_ref: str | None = None
+    frontmatter_path: Name | None = None
+    provider_ref: Name | None = None
     drive_protocol: DriveProtocol = "ndjson"
     posture: Posture | None = None
 
@@ -50,7 +51,7 @@ class RespawnedResponse(BaseModel):
 
 class AgentInputBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1, max_length=1_000_000)
+    text: FreeText = Field(min_length=1, max_length=1_000_000)
 
 
 class AdoptBody(BaseModel):
@@ -64,7 +65,8 @@ class AdoptBody(BaseModel):
 class AddWorkspaceBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    root: str = ""
+    # Absolute; must be an existing directory (checked at registration, 400 otherwise).
+    root: AbsolutePath = ""
     config: RepoProviderConfig = Field(default_factory=RepoProviderConfig)
 
 
@@ -104,9 +106,23 @@ class MetricsSnapshot(BaseModel):
     active_attaches: int = 0
 
 
-class ErrorBody(BaseModel):
-    error: str
-    kind: str
+class ErrorEnvelope(BaseModel):
+    """Every error the API answers: `{"error": "<message>", "kind": "<code>"}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: str = Field(description="Human-readable message.")
+    kind: str = Field(
+        description=(
+            "Machine-readable code: not_found, invalid_request, invalid_state, conflict, "
+            "unauthorized, forbidden, cross_origin, host_not_allowed, rate_limited, "
+            "request_timeout, payload_too_large, unsupported_media_type, unreachable, "
+            "internal, …"
+        )
+    )
+
+
+ErrorBody = ErrorEnvelope  # the former name
 
 
 class UsageOutcomes(BaseModel):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from prospero.types.events import DecisionOption, DecisionToolCall
 from prospero.types.model import Posture
+from prospero.types.text import FreeText, Name
 
 DecisionState = Literal["pending", "decided", "expired", "cancelled"]
 DECISION_STATES: tuple[str, ...] = ("pending", "decided", "expired", "cancelled")
@@ -61,8 +62,8 @@ class DecideBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    option_id: str = Field(min_length=1, max_length=500)
-    note: str | None = Field(default=None, max_length=MAX_NOTE)
+    option_id: Name = Field(min_length=1, max_length=500)
+    note: FreeText | None = Field(default=None, max_length=MAX_NOTE)
 
 
 class PolicyRule(BaseModel):
@@ -81,12 +82,12 @@ class PolicyRule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     action: RuleAction
-    kind: str | None = Field(default=None, max_length=MAX_GLOB)
-    title: str | None = Field(default=None, max_length=MAX_GLOB)
-    command: str | None = Field(default=None, max_length=MAX_GLOB)
-    path: str | None = Field(default=None, max_length=MAX_GLOB)
+    kind: Name | None = Field(default=None, max_length=MAX_GLOB)
+    title: FreeText | None = Field(default=None, max_length=MAX_GLOB)
+    command: FreeText | None = Field(default=None, max_length=MAX_GLOB)
+    path: Name | None = Field(default=None, max_length=MAX_GLOB)
     # Shown in the audit; defaults to `<workspace>#<position>`.
-    name: str | None = Field(default=None, max_length=200)
+    name: Name | None = Field(default=None, max_length=200)
 
     def describe(self) -> str:
         parts: list[str] = [self.action]

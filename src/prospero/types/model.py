@@ -6,6 +6,9 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
+
+from prospero.types.text import ENV_NAME_PATTERN, FreeText, Name
 
 
 class AgentStatus(StrEnum):
@@ -48,15 +51,25 @@ class Unreachable(BaseModel):
 WorkspaceHealth = Annotated[Healthy | Unreachable, Field(discriminator="state")]
 
 
+def _env_schema(schema: JsonDict) -> None:
+    """`env` in JSON Schema: names as `propertyNames` (non-empty, no `=`, no control
+    character; refused with 400/422), values as free text (pydantic would otherwise describe
+    the key rule as `patternProperties`, which leaves other names allowed)."""
+    values = schema.pop("patternProperties", None)
+    if isinstance(values, dict) and values:
+        schema["additionalProperties"] = next(iter(values.values()))
+    schema["propertyNames"] = {"minLength": 1, "pattern": ENV_NAME_PATTERN}
+
+
 class RepoProviderConfig(BaseModel):
     """Per-workspace provider config. Optional keys are omitted on output."""
 
     model_config = ConfigDict(extra="ignore")
 
-    provider: str | None = None
-    base_url: str | None = None
-    api_key_from_env: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    provider: Name | None = None
+    base_url: Name | None = None
+    api_key_from_env: Name | None = None
+    env: dict[Name, FreeText] = Field(default_factory=dict, json_schema_extra=_env_schema)
 
 
 class Source(BaseModel):

@@ -51,7 +51,7 @@ from prospero.core.fleet.state import (
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership, SelfOwnsAll
 from prospero.core.provider_env import validate_config
-from prospero.core.sources import canonical_root, discover_sources
+from prospero.core.sources import discover_sources, validate_root
 from prospero.core.store.agents_sqlite import MemoryAgentMetaStore, SqliteAgentMetaStore
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
 from prospero.core.wire.control import AgentRecord, Endpoint
@@ -585,7 +585,7 @@ class FleetManager(AgentOperations, RunEnding):
         """Register a workspace. Returns False when the same name+root already existed."""
         cfg = config or RepoProviderConfig()
         validate_config(cfg)
-        canon = canonical_root(root)
+        canon = validate_root(root)  # InvalidConfig (400) before anything is registered
         async with self._registry_lock:
             existing = {w.name: w for w in await self.config_store.list_workspaces()}
             if name in existing:
