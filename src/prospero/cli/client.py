@@ -130,7 +130,13 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.addr = normalize_addr(addr)
-        headers = {"Accept": "application/json", "User-Agent": "prospero-cli"}
+        # X-Prospero-Client marks requests that a cross-site page could not send (prosperod's
+        # OriginGuard wants it, a bearer header or a JSON body on every state change).
+        headers = {
+            "Accept": "application/json",
+            "User-Agent": "prospero-cli",
+            "X-Prospero-Client": "cli",
+        }
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(

@@ -628,11 +628,20 @@ def demo(
         str | None, typer.Option("--data-dir", help="Keep demo data here (default: a temp dir).")
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Bind address.")] = "127.0.0.1",
+    api_tokens_file: Annotated[
+        str | None,
+        typer.Option(
+            "--api-tokens-file",
+            help="Require scoped API tokens from this file (prospero token new).",
+        ),
+    ] = None,
 ) -> None:
     """Run prosperod with a fake caliband serving a demo fleet (no caliban needed)."""
     argv = [sys.executable, "-m", "prospero.daemon.demo", "--port", str(port), "--host", host]
     if data_dir:
         argv += ["--data-dir", data_dir]
+    if api_tokens_file:
+        argv += ["--api-tokens-file", api_tokens_file]
     sys.stdout.flush()
     sys.stderr.flush()
     # Replace this process: the CLI stays a pure HTTP client, the daemon runs on its own.
@@ -641,6 +650,7 @@ def demo(
 
 # The decisions, approve, deny and policy commands register themselves on `app`.
 from prospero.cli import decisions as _decisions  # noqa: E402, F401
+from prospero.cli import tokens as _tokens  # noqa: E402, F401
 
 
 def main() -> None:
