@@ -7,6 +7,7 @@ wrong method, request validation, malformed JSON) are normalised into the same e
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -14,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import Send
 
 from prospero.core.errors import ProsperoError
 
@@ -60,7 +62,7 @@ def envelope(
     status: int, message: str, kind: str, headers: dict[str, str] | None = None
 ) -> Response:
     return Response(
-        content=orjson.dumps({"error": message, "kind": kind}),
+        content=envelope_bytes(message, kind),
         status_code=status,
         media_type="application/json",
         headers=headers,
@@ -68,7 +70,36 @@ def envelope(
 
 
 def envelope_bytes(message: str, kind: str) -> bytes:
-    return orjson.dumps({"error": message, "kind": kind})
+    try:
+        return orjson.dumps({"error": message, "kind": kind})
+    except orjson.JSONEncodeError:
+        # A message quoting client input with a lone surrogate (not encodable as UTF-8).
+        safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        return orjson.dumps({"error": safe, "kind": kind})
+
+
+async def send_envelope(
+    send: Send,
+    status: int,
+    message: str,
+    kind: str,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """Answer a raw ASGI request with the `{error, kind}` envelope (for the pure-ASGI layers
+    that refuse a request before routing: guards, auth, body limit)."""
+    body = envelope_bytes(message, kind)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _describe_validation(errors: list[Any]) -> str:

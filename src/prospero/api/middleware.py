@@ -7,6 +7,8 @@ chunked body is buffered up to the limit and refused as soon as it goes over. Ei
 answer is 413 in the `{error, kind}` envelope, for every endpoint, whether or not the endpoint
 reads its body (Starlette's lazy RequestBodyLimitMiddleware only fires when the body is read and
 answers in plain text, hence this eager variant). Bodies are ≤ 1 MiB, so buffering is cheap.
+The whole body read is bounded by `body_timeout` seconds (a client trickling its body cannot
+hold a request open): past it the answer is 408 `request_timeout` and the connection is closed.
 """
 
 from __future__ import annotations
@@ -17,46 +19,76 @@ import time
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from prospero.api.errors import envelope_bytes
+from prospero.api.errors import send_envelope
+from prospero.core.aio import wait_for
 from prospero.core.metrics import Metrics
 
 access_log = logging.getLogger("prospero.api.access")
 
 API_REQUESTS = "api_requests"
 API_BODY_TOO_LARGE = "api_body_too_large"
+API_BODY_TIMEOUTS = "api_body_timeouts"
 
 
-async def _send_json(send: Send, status: int, body: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+CLOSE = ((b"connection", b"close"),)
+
+
+class _TooLarge(Exception):
+    pass
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        metrics: Metrics | None = None,
+        body_timeout: float | None = 30.0,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.metrics = metrics
+        self.body_timeout = body_timeout
 
     async def _too_large(self, send: Send) -> None:
         if self.metrics is not None:
             self.metrics.inc(API_BODY_TOO_LARGE)
-        await _send_json(
+        await send_envelope(
             send,
             413,
-            envelope_bytes(
-                f"request body exceeds the {self.max_bytes} byte limit", "payload_too_large"
-            ),
+            f"request body exceeds the {self.max_bytes} byte limit",
+            "payload_too_large",
+            CLOSE,
         )
+
+    async def _timed_out(self, send: Send) -> None:
+        if self.metrics is not None:
+            self.metrics.inc(API_BODY_TIMEOUTS)
+        await send_envelope(
+            send,
+            408,
+            f"request body not received within {self.body_timeout:g}s",
+            "request_timeout",
+            CLOSE,
+        )
+
+    async def _read_body(self, receive: Receive) -> Message:
+        """The whole body as one `http.request` message (or the disconnect that cut it short).
+        Raises _TooLarge as soon as it goes over the limit."""
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return msg  # disconnect before the body was complete: hand it on
+            body = msg.get("body", b"")
+            total += len(body)
+            if total > self.max_bytes:
+                raise _TooLarge
+            if body:
+                chunks.append(body)
+            if not msg.get("more_body", False):
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,34 +100,23 @@ class BodyLimitMiddleware:
                 try:
                     declared = int(value)
                 except ValueError:
-                    await _send_json(
-                        send, 400, envelope_bytes("invalid Content-Length", "invalid_request")
+                    await send_envelope(
+                        send, 400, "invalid Content-Length", "invalid_request", CLOSE
                     )
                     return
         if declared is not None and declared > self.max_bytes:
             await self._too_large(send)
             return
 
-        chunks: list[bytes] = []
-        total = 0
-        first: Message | None = None
-        while True:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                first = msg  # disconnect before the body was complete: hand it on
-                break
-            body = msg.get("body", b"")
-            total += len(body)
-            if total > self.max_bytes:
-                await self._too_large(send)
-                return
-            if body:
-                chunks.append(body)
-            if not msg.get("more_body", False):
-                break
-        replay: list[Message] = [
-            first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        ]
+        try:
+            first = await wait_for(self._read_body(receive), self.body_timeout)
+        except _TooLarge:
+            await self._too_large(send)
+            return
+        except TimeoutError:
+            await self._timed_out(send)
+            return
+        replay: list[Message] = [first]
 
         async def buffered_receive() -> Message:
             if replay:

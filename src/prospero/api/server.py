@@ -4,6 +4,12 @@
 disables uvicorn's signal capture (the daemon owns SIGTERM/SIGINT) and its access log (ours
 never writes query strings, which may carry `access_token`).
 
+Slow and abusive clients (`prospero.api.h11_protocol`): the h11 protocol is forced (never
+httptools) and subclassed with a header-read deadline per request (`header_timeout`) and a bound
+on concurrent connections (`max_connections`, refused with 503 at accept); the body read is
+bounded by `BodyLimitMiddleware` (`body_timeout`). The values come from the app's ApiSettings
+unless given here.
+
 Shutdown (`stop()`): stop accepting connections, end SSE streams and background API tasks,
 wait (bounded) for in-flight requests; the caller then stops the Runtime.
 """
@@ -21,6 +27,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from prospero.api.app import api_state_of
+from prospero.api.h11_protocol import guarded_protocol
 from prospero.core.aio import wait_for
 
 log = logging.getLogger(__name__)
@@ -65,6 +72,38 @@ def bind_socket(host: str, port: int) -> socket.socket:
     raise last or OSError(f"cannot bind {host}:{port}")
 
 
+# File descriptors kept free beyond max_connections (event store, agent streams, logs, ...).
+FD_HEADROOM = 512
+
+
+def ensure_fd_headroom(max_connections: int) -> None:
+    """Raise the soft RLIMIT_NOFILE (never lower it) so that `max_connections` sockets fit;
+    warn when the hard limit does not allow it (accept then fails first, with EMFILE)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    need = max_connections + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError):
+            pass
+    if soft < need:
+        log.warning(
+            "open-file limit %d is below max_connections %d + %d: raise `ulimit -n` or lower "
+            "--max-connections",
+            soft,
+            max_connections,
+            FD_HEADROOM,
+        )
+
+
 class ApiServer:
     def __init__(
         self,
@@ -73,8 +112,15 @@ class ApiServer:
         port: int = 7878,
         *,
         graceful_timeout: float = 10.0,
+        header_timeout: float | None = None,
+        max_connections: int | None = None,
     ) -> None:
+        settings = api_state_of(app).settings
         self.app = app
+        self.header_timeout = settings.header_timeout if header_timeout is None else header_timeout
+        self.max_connections = (
+            settings.max_connections if max_connections is None else max_connections
+        )
         self.host = host
         self.requested_port = port
         self.graceful_timeout = graceful_timeout
@@ -114,8 +160,16 @@ class ApiServer:
         """Bind (if not yet) and serve; returns once uvicorn accepts connections."""
         self.bind()
         assert self._sock is not None
+        ensure_fd_headroom(self.max_connections)
+        protocol = guarded_protocol(
+            header_timeout=self.header_timeout,
+            max_connections=self.max_connections,
+            metrics=api_state_of(self.app).metrics,
+        )
         config = uvicorn.Config(
             self.app,
+            http=protocol,
+            ws="none",
             lifespan="off",
             access_log=False,
             log_config=None,
