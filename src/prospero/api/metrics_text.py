@@ -29,13 +29,18 @@ COUNTER_HELP: dict[str, str] = {
     m.ATTACH_RECONNECTS: "Re-attaches of agent streams after a disconnect.",
     m.BUS_LAGGED: "Times a live-bus subscriber fell behind and was healed from the store.",
     "api_requests": "HTTP requests served.",
-    "api_auth_failures": "HTTP requests refused for a missing or wrong bearer token.",
+    "api_auth_failures": "HTTP requests refused (401) for missing or wrong credentials.",
+    "api_auth_rate_limited": "HTTP requests refused (429) after too many failed authentications.",
     "api_body_too_large": "HTTP requests refused for a body over the size limit.",
+    "api_body_timeouts": "HTTP requests answered 408 for a body not received in time.",
+    "api_header_timeouts": "HTTP connections closed for request headers not received in time.",
+    "api_connections_refused": "HTTP connections or requests refused (503) over the bound.",
 }
 
 GAUGE_HELP: dict[str, str] = {
     m.ACTIVE_ATTACHES: "Agent streams currently attached.",
     API_SSE_STREAMS: "Open SSE connections.",
+    "api_connections": "Open HTTP connections being served.",
 }
 
 _BAD = re.compile(r"[^a-zA-Z0-9_]")

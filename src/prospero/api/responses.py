@@ -8,7 +8,7 @@ import orjson
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from prospero.types.api import ErrorBody
+from prospero.types.api import ErrorEnvelope
 
 
 def dump(model: BaseModel) -> Any:
@@ -38,4 +38,4 @@ def clean_workspace(ws: dict[str, Any]) -> dict[str, Any]:
 
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses=` entries documenting the `{error, kind}` envelope."""
-    return {code: {"model": ErrorBody} for code in codes}
+    return {code: {"model": ErrorEnvelope} for code in codes}

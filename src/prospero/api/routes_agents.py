@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -18,6 +18,7 @@ from prospero.core.subscription import follow_stream
 from prospero.types.api import AdoptBody, AgentInputBody, RespawnedResponse
 from prospero.types.events import FleetEvent
 from prospero.types.model import Agent
+from prospero.types.text import control_char_in_name, describe_bad_char
 
 router = APIRouter(tags=["agents"])
 
@@ -25,34 +26,54 @@ State = Annotated[ApiState, Depends(api_state)]
 FromQuery = Annotated[int, Query(alias="from", ge=0, le=2**62, description="first seq/ordinal")]
 
 
+# The bound of `?from` (FromQuery): cursors stay far inside SQLite's signed 64-bit INTEGER.
+MAX_CURSOR = 2**62
+_MAX_CURSOR_DIGITS = len(str(MAX_CURSOR))
+# What the OpenAPI document promises is accepted: up to 18 digits stays below MAX_CURSOR (the
+# server also takes 19-digit values up to the bound; anything else is a 422).
+LAST_EVENT_ID_SCHEMA: dict[str, Any] = {"pattern": "^[0-9]{0,18}$"}
+
+
 def parse_last_event_id(value: str | None) -> int | None:
+    """The `Last-Event-ID` header as a cursor in [0, MAX_CURSOR], None when absent or blank;
+    anything else is a 422 (never an OverflowError further down)."""
     if value is None or not value.strip():
         return None
-    try:
-        n = int(value.strip())
-    except ValueError:
-        raise InvalidRequest("Last-Event-ID must be a non-negative integer") from None
-    if n < 0:
-        raise InvalidRequest("Last-Event-ID must be a non-negative integer")
-    return n
+    text = value.strip()
+    if (
+        not text.isascii()
+        or not text.isdigit()
+        or len(text.lstrip("0")) > _MAX_CURSOR_DIGITS
+        or int(text) > MAX_CURSOR
+    ):
+        raise InvalidRequest(
+            f"Last-Event-ID must be an integer between 0 and {MAX_CURSOR}, got {text[:40]!r}"
+        )
+    return int(text)
 
 
 def agent_resume(
     from_: FromQuery = 0,
-    last_event_id: Annotated[str | None, Header(description="resume after this seq")] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(description="resume after this seq", json_schema_extra=LAST_EVENT_ID_SCHEMA),
+    ] = None,
 ) -> int:
     """First seq to send: `Last-Event-ID + 1` when the header is present, else `from`."""
     last = parse_last_event_id(last_event_id)
     return last + 1 if last is not None else from_
 
 
-@router.get("/api/agents/{agent_id}", response_model=Agent, responses=errors(404))
+@router.get(
+    "/api/agents/{agent_id}", operation_id="getAgent", response_model=Agent, responses=errors(404)
+)
 async def get_agent(st: State, agent_id: str) -> Response:
     return json_response(st.manager.get_agent(agent_id))
 
 
 @router.delete(
     "/api/agents/{agent_id}",
+    operation_id="removeAgent",
     status_code=204,
     response_class=Response,
     responses=errors(404, 409, 503),
@@ -67,6 +88,7 @@ async def remove_agent(
 
 @router.get(
     "/api/agents/{agent_id}/events",
+    operation_id="listAgentEvents",
     response_model=list[FleetEvent],
     responses=errors(404),
     summary="Stored history (seq >= from); 404 only if there is none and the agent is not live",
@@ -91,6 +113,9 @@ async def agent_session(
     st: State, agent_id: str, start: Annotated[int, Depends(agent_resume)]
 ) -> AsyncIterator[StreamSession]:
     """The connection's follower, released when the response ends (even on disconnect)."""
+    bad = control_char_in_name(agent_id)
+    if bad is not None:  # no agent can have such an id: refuse rather than wait forever
+        raise InvalidRequest(f"agent id {describe_bad_char(*bad)}")
     follower = follow_stream(st.store, st.bus, agent_id, start, close_on_finish=True)
     session = st.hub.open(follower, encode_agent_item)
     try:
@@ -101,6 +126,7 @@ async def agent_session(
 
 @router.get(
     "/api/agents/{agent_id}/stream",
+    operation_id="streamAgentEvents",
     response_class=EventSourceResponse,
     summary="SSE: replay then tail one agent's events; closes after agent_finished",
     description=(
@@ -120,6 +146,7 @@ async def agent_stream(
 
 @router.post(
     "/api/agents/{agent_id}/kill",
+    operation_id="killAgent",
     status_code=202,
     response_class=Response,
     responses=errors(404, 409, 503),
@@ -132,6 +159,7 @@ async def kill(st: State, agent_id: str) -> Response:
 
 @router.post(
     "/api/agents/{agent_id}/adopt",
+    operation_id="adoptAgent",
     response_model=Agent,
     responses=errors(404, 409, 422, 503),
     summary="Drive an agent this control plane did not spawn (an ACP agent is otherwise only listed)",
@@ -148,6 +176,7 @@ async def adopt(st: State, agent_id: str, body: AdoptBody | None = None) -> Resp
 
 @router.post(
     "/api/agents/{agent_id}/respawn",
+    operation_id="respawnAgent",
     response_model=RespawnedResponse,
     responses=errors(404, 409, 503),
     summary="Respawn with the same spec; returns the new agent id",
@@ -159,6 +188,7 @@ async def respawn(st: State, agent_id: str) -> Response:
 
 @router.post(
     "/api/agents/{agent_id}/input",
+    operation_id="sendAgentInput",
     status_code=202,
     response_class=Response,
     responses=errors(404, 409, 422, 503),
@@ -170,6 +200,7 @@ async def send_input(st: State, agent_id: str, body: AgentInputBody) -> Response
 
 @router.post(
     "/api/agents/{agent_id}/end-input",
+    operation_id="endAgentInput",
     status_code=202,
     response_class=Response,
     responses=errors(404, 409, 503),
@@ -181,6 +212,7 @@ async def end_input(st: State, agent_id: str) -> Response:
 
 @router.post(
     "/api/agents/{agent_id}/cancel",
+    operation_id="cancelAgentTurn",
     status_code=202,
     response_class=Response,
     responses=errors(404, 409, 503),
@@ -193,6 +225,7 @@ async def cancel(st: State, agent_id: str) -> Response:
 
 @router.post(
     "/api/agents/{agent_id}/drain",
+    operation_id="drainAgent",
     status_code=202,
     response_class=Response,
     responses=errors(404),

@@ -10,8 +10,9 @@ same-origin connections only), `X-Content-Type-Options: nosniff`, `Referrer-Poli
 and `Cache-Control: no-cache` with an ETag (a reload revalidates; an unchanged file answers 304).
 
 Authentication: the assets hold no data, so they are public even when API tokens are
-configured — the page itself asks for a token when the API answers 401 (the token stays in the
-tab's sessionStorage and is sent as `Authorization: Bearer` / `?access_token=` on EventSource).
+configured — the page shows a sign-in form when the API answers 401 and exchanges the token for
+an HttpOnly session cookie (`POST /api/session`; the page never keeps the token), which then
+authenticates its fetches and EventSources.
 `DashboardAssets` is a pure-ASGI middleware placed outside the bearer-auth middleware that
 answers GET/HEAD for exactly the asset paths and hands everything else on; the same responses
 are also registered as routes by `install_routes` (so the app lists `/`).
@@ -43,20 +44,26 @@ from prospero.api.responses import json_response
 from prospero.core.store.base import EventStore
 from prospero.types.events import AgentFinished, FleetEvent, TurnFinished
 
-CSP = "; ".join(
-    [
-        "default-src 'self'",
-        "script-src 'self'",
-        "style-src 'self'",
-        "img-src 'self' data:",
-        "font-src 'self'",
-        "connect-src 'self'",
-        "object-src 'none'",
-        "base-uri 'none'",
-        "form-action 'none'",
-        "frame-ancestors 'none'",
-    ]
-)
+
+def content_security_policy(script_src: str = "'self'") -> str:
+    """The dashboard's policy; `/docs` differs only in allowing its inline script by hash."""
+    return "; ".join(
+        [
+            "default-src 'self'",
+            f"script-src {script_src}",
+            "style-src 'self'",
+            "img-src 'self' data:",
+            "font-src 'self'",
+            "connect-src 'self'",
+            "object-src 'none'",
+            "base-uri 'none'",
+            "form-action 'none'",
+            "frame-ancestors 'none'",
+        ]
+    )
+
+
+CSP = content_security_policy()
 
 ASSET_PREFIX = "/ui/"
 INDEX_PATHS = frozenset({"/", "/index.html"})
@@ -286,6 +293,7 @@ State = Annotated[ApiState, Depends(api_state)]
 
 @router.get(
     "/api/dashboard/summary",
+    operation_id="getDashboardSummary",
     response_model=DashboardSummary,
     summary="Dashboard helper: per-agent token/cost/turn totals and the fleet stream position",
     description=(

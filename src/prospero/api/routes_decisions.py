@@ -49,6 +49,7 @@ def decisions_of(st: ApiState) -> DecisionService:
 
 @router.get(
     "/api/decisions",
+    operation_id="listDecisions",
     response_model=list[Decision],
     responses=errors(422, 503),
     summary="Permission decisions (oldest first); filter by state, agent, workspace",
@@ -77,6 +78,7 @@ async def list_decisions(
 
 @router.get(
     "/api/decisions/{decision_id}",
+    operation_id="getDecision",
     response_model=Decision,
     responses=errors(404, 503),
 )
@@ -86,6 +88,7 @@ async def get_decision(st: State, decision_id: str) -> Response:
 
 @router.post(
     "/api/decisions/{decision_id}",
+    operation_id="resolveDecision",
     response_model=Decision,
     responses=errors(400, 404, 409, 422, 503),
     summary="Answer a pending decision with one of the options the agent offered",
@@ -121,6 +124,7 @@ def _policy_body(policy: WorkspacePolicy) -> dict[str, Any]:
 
 @router.get(
     "/api/workspaces/{workspace}/policy",
+    operation_id="getWorkspacePolicy",
     response_model=WorkspacePolicy,
     responses=errors(404, 503),
     summary="The workspace's permission policy: default posture, ask timeout, ordered rules",
@@ -132,6 +136,7 @@ async def get_policy(st: State, workspace: WorkspaceName) -> Response:
 
 @router.put(
     "/api/workspaces/{workspace}/policy",
+    operation_id="replaceWorkspacePolicy",
     response_model=WorkspacePolicy,
     responses=errors(404, 422, 503),
     summary="Replace the workspace's permission policy wholesale",
@@ -143,6 +148,7 @@ async def put_policy(st: State, workspace: WorkspaceName, body: WorkspacePolicy)
 
 @router.patch(
     "/api/workspaces/{workspace}/policy",
+    operation_id="patchWorkspacePolicy",
     response_model=WorkspacePolicy,
     responses=errors(404, 422, 503),
     summary="Change some fields of the workspace's permission policy (posture, timeout_s, rules)",

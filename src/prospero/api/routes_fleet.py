@@ -13,7 +13,7 @@ from starlette.responses import Response
 from prospero.api.deps import ApiState, api_state
 from prospero.api.errors import InvalidRequest
 from prospero.api.responses import clean_workspace, dump, errors, json_response
-from prospero.api.routes_agents import FromQuery, parse_last_event_id
+from prospero.api.routes_agents import LAST_EVENT_ID_SCHEMA, FromQuery, parse_last_event_id
 from prospero.api.sse import StreamSession, encode_fleet_item, fleet_encoder_for
 from prospero.core.store.base import UsageDay
 from prospero.core.subscription import follow_fleet
@@ -31,9 +31,11 @@ router = APIRouter(tags=["fleet"])
 State = Annotated[ApiState, Depends(api_state)]
 
 MAX_USAGE_DAYS = 3660
+TS_MIN_YEAR = 1970
+TS_MAX_YEAR = 9000
 
 
-@router.get("/api/fleet", response_model=FleetSnapshot)
+@router.get("/api/fleet", operation_id="getFleet", response_model=FleetSnapshot)
 async def fleet(st: State) -> Response:
     data = dump(st.manager.snapshot())
     for ws in data["workspaces"]:
@@ -43,11 +45,20 @@ async def fleet(st: State) -> Response:
 
 def fleet_resume(
     from_: FromQuery = 0,
-    last_event_id: Annotated[str | None, Header(description="resume after this ordinal")] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(description="resume after this ordinal", json_schema_extra=LAST_EVENT_ID_SCHEMA),
+    ] = None,
 ) -> int:
     """Ordinal to resume after: `Last-Event-ID` when present, else `from - 1`."""
     last = parse_last_event_id(last_event_id)
     return last if last is not None else max(from_ - 1, 0)
+
+
+# What `kind_filter` accepts, as the schema says it (a subset: the filter also skips blanks
+# and spaces around names): known kind names, comma-separated.
+_KIND_NAME = "(?:" + "|".join(sorted(EVENT_KIND_NAMES)) + ")"
+KINDS_PATTERN = f"^{_KIND_NAME}(?:,{_KIND_NAME})*$"
 
 
 def kind_filter(
@@ -59,6 +70,7 @@ def kind_filter(
                 "`status_changed,agent_finished`); default: every kind."
             ),
             max_length=2000,
+            json_schema_extra={"pattern": KINDS_PATTERN},
         ),
     ] = None,
 ) -> frozenset[str] | None:
@@ -90,6 +102,7 @@ async def fleet_session(
 
 @router.get(
     "/api/stream",
+    operation_id="streamFleetEvents",
     response_class=EventSourceResponse,
     summary="SSE: replay then tail every stream in store order",
     description=(
@@ -110,6 +123,20 @@ async def fleet_stream(
 # ---------------------------------------------------------------------------------- usage
 
 
+# `since` / `until` as the schema says them: RFC 3339 date-times within the years `parse_ts`
+# accepts (a subset of what it parses: it also takes other ISO 8601 forms, lowercase, days 29-31).
+TIMESTAMP_PATTERN = (
+    r"^(?:19[7-9][0-9]|[2-8][0-9]{3})-(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])"
+    r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
+    r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"
+)
+TimestampQuery = Query(
+    max_length=64,
+    description="RFC 3339 date-time, e.g. `2026-03-01T00:00:00Z` (without an offset: UTC).",
+    json_schema_extra={"pattern": TIMESTAMP_PATTERN},
+)
+
+
 def ts_string(dt: datetime) -> str:
     return dt.astimezone(UTC).isoformat(timespec="microseconds")
 
@@ -121,6 +148,12 @@ def parse_ts(value: str, name: str) -> datetime:
         raise InvalidRequest(f"{name} must be an RFC 3339 timestamp, got {value!r}") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
+    # Far enough inside datetime's range that the window arithmetic (up to MAX_USAGE_DAYS back,
+    # a UTC offset) cannot overflow: an out-of-range year is a 422, not an OverflowError.
+    if not TS_MIN_YEAR <= dt.year < TS_MAX_YEAR:
+        raise InvalidRequest(
+            f"{name} must be between {TS_MIN_YEAR} and {TS_MAX_YEAR}, got {value[:64]!r}"
+        )
     return dt.astimezone(UTC)
 
 
@@ -179,6 +212,7 @@ def build_report(since: str, until: str, rows: list[UsageDay]) -> UsageReport:
 
 @router.get(
     "/api/usage",
+    operation_id="getUsage",
     response_model=UsageReport,
     responses=errors(422, 500),
     summary="Tokens, cost, turns, runs and outcomes per workspace per UTC day",
@@ -191,8 +225,8 @@ def build_report(since: str, until: str, rows: list[UsageDay]) -> UsageReport:
 )
 async def usage(
     st: State,
-    since: Annotated[str | None, Query(max_length=64)] = None,
-    until: Annotated[str | None, Query(max_length=64)] = None,
+    since: Annotated[str | None, TimestampQuery] = None,
+    until: Annotated[str | None, TimestampQuery] = None,
     days: Annotated[int | None, Query(ge=-(10**6), le=10**6)] = None,
 ) -> Response:
     since_dt, until_dt = usage_window(since, until, days)

@@ -18,13 +18,19 @@ router = APIRouter(tags=["health"])
 State = Annotated[ApiState, Depends(api_state)]
 
 
-@router.get("/healthz", response_class=PlainTextResponse, summary="Liveness (always open)")
+@router.get(
+    "/healthz",
+    operation_id="healthz",
+    response_class=PlainTextResponse,
+    summary="Liveness (always open)",
+)
 async def healthz() -> PlainTextResponse:
     return PlainTextResponse("ok")
 
 
 @router.get(
     "/readyz",
+    operation_id="readyz",
     response_model=Readiness,
     responses={503: {"model": Readiness, "description": "not ready (same body)"}},
     summary="Readiness: the store accepts writes",
@@ -34,7 +40,12 @@ async def readyz(st: State) -> Response:
     return json_response(ready, 200 if ready.ready else 503)
 
 
-@router.get("/api/metrics", response_model=MetricsSnapshot, summary="Process metrics as JSON")
+@router.get(
+    "/api/metrics",
+    operation_id="getMetrics",
+    response_model=MetricsSnapshot,
+    summary="Process metrics as JSON",
+)
 async def metrics_json(st: State) -> Response:
     snap = st.metrics.snapshot()
     base = {
@@ -57,6 +68,7 @@ def _int_or_float(v: float) -> int | float:
 
 @router.get(
     "/metrics",
+    operation_id="getPrometheusMetrics",
     response_class=PlainTextResponse,
     summary="Process metrics in Prometheus text format",
 )
@@ -64,7 +76,7 @@ async def metrics_prometheus(st: State) -> Response:
     return Response(metrics_text.render(st.metrics), media_type=metrics_text.CONTENT_TYPE)
 
 
-@router.get("/api/capabilities", response_model=Capabilities)
+@router.get("/api/capabilities", operation_id="getCapabilities", response_model=Capabilities)
 async def capabilities(st: State) -> Response:
     mgr = st.manager
     protocols = [p for p in mgr.driver_factory_names() if p == "ndjson" or mgr.config.allow_acp]

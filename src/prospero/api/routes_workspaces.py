@@ -24,13 +24,14 @@ State = Annotated[ApiState, Depends(api_state)]
 WorkspaceName = Annotated[str, Path(min_length=1, max_length=100)]
 
 
-@router.get("/api/workspaces", response_model=list[WorkspaceSummary])
+@router.get("/api/workspaces", operation_id="listWorkspaces", response_model=list[WorkspaceSummary])
 async def list_workspaces(st: State) -> Response:
     return json_response([clean_workspace(dump(w)) for w in st.manager.list_workspaces()])
 
 
 @router.post(
     "/api/workspaces",
+    operation_id="addWorkspace",
     status_code=201,
     response_class=Response,
     responses=errors(400, 409, 422),
@@ -45,6 +46,7 @@ async def add_workspace(st: State, body: AddWorkspaceBody) -> Response:
 
 @router.delete(
     "/api/workspaces/{name}",
+    operation_id="removeWorkspace",
     status_code=204,
     response_class=Response,
     responses=errors(404),
@@ -57,6 +59,7 @@ async def remove_workspace(st: State, name: WorkspaceName) -> Response:
 
 @router.put(
     "/api/workspaces/{name}/config",
+    operation_id="setWorkspaceConfig",
     status_code=204,
     response_class=Response,
     responses=errors(400, 404, 422),
@@ -71,6 +74,7 @@ async def set_workspace_config(
 
 @router.get(
     "/api/workspaces/{workspace}/agents",
+    operation_id="listAgents",
     response_model=list[Agent],
     responses=errors(404),
 )
@@ -81,6 +85,7 @@ async def list_agents(st: State, workspace: WorkspaceName) -> Response:
 
 @router.post(
     "/api/workspaces/{workspace}/agents",
+    operation_id="spawnAgent",
     status_code=201,
     response_model=SpawnedResponse,
     responses=errors(400, 404, 409, 422, 502, 503),
