@@ -20,6 +20,7 @@ from prospero.api.server import ApiServer
 from prospero.api.settings import ApiSettings
 from prospero.core.discovery import socket_path_for
 from prospero.core.sources import canonical_root
+from prospero.core.tokens import TokenTable
 from prospero.core.wire.control import SpawnSpec
 from prospero.daemon.runtime import DaemonConfig, Runtime
 from prospero.testkit import scripts
@@ -134,6 +135,13 @@ class Stack:
 StackFactory = Callable[..., Awaitable[Stack]]
 
 
+def token_table(tokens: dict[str, str] | TokenTable | None) -> TokenTable:
+    """A fixture's `tokens=`: plaintext `name -> token` (admin, legacy) or a TokenTable."""
+    if isinstance(tokens, TokenTable):
+        return tokens
+    return TokenTable.from_plaintext(tokens or {})
+
+
 @pytest.fixture
 async def make_stack(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -144,13 +152,14 @@ async def make_stack(
 
     async def factory(
         *,
-        tokens: dict[str, str] | None = None,
+        tokens: dict[str, str] | TokenTable | None = None,
         heartbeat: float = 15.0,
         stream_buffer: int = 256,
         bus_buffer: int = 1024,
         workspace: bool = True,
         line_delay: float = 0.0,
         client_token: str | None = None,
+        api: dict[str, Any] | None = None,
         **config: Any,
     ) -> Stack:
         tmp = tmp_path / f"stack{len(stacks)}"
@@ -161,18 +170,22 @@ async def make_stack(
             data_dir=tmp / "data",
             autostart=False,
             poll_interval=0.05,
-            api_tokens=dict(tokens or {}),
+            api_tokens=dict(tokens) if isinstance(tokens, dict) else {},
             bus_buffer=bus_buffer,
             **config,
         )
         runtime = Runtime(cfg)
         await runtime.start()
         settings = ApiSettings(
-            api_tokens=dict(tokens or {}), heartbeat_interval=heartbeat, stream_buffer=stream_buffer
+            tokens=token_table(tokens),
+            heartbeat_interval=heartbeat,
+            stream_buffer=stream_buffer,
+            **(api or {}),  # more ApiSettings knobs (auth_failure_limit, session_ttl, ...)
         )
         server = ApiServer(create_app(runtime, settings), "127.0.0.1", 0, graceful_timeout=3)
         await server.start()
         headers = {"Authorization": f"Bearer {client_token}"} if client_token else {}
+        headers["X-Prospero-Client"] = "test"  # body-less POSTs pass the OriginGuard
         client = httpx.AsyncClient(base_url=server.url, timeout=20.0, headers=headers)
         stack = Stack(tmp=tmp, root=tmp / "ws", runtime=runtime, server=server, client=client)
         stacks.append(stack)

@@ -1,5 +1,5 @@
-"""Bearer-token auth: on and off, /healthz open, ?access_token only for SSE GETs, token names
-recorded for audit, tokens never logged."""
+"""Bearer-token auth: on and off, probes and docs open, ?access_token only for SSE GETs, token
+names recorded for audit, tokens never logged. (Scopes, sessions, rate limits: test_scopes.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from prospero.api.auth import match_token
+from prospero.core.tokens import TokenTable
 from tests.api.conftest import StackFactory, envelope, sse_headers
 
 TOKENS = {"alice": "tok-alice-0123456789", "ci": "tok-ci-9876543210"}
@@ -26,12 +26,18 @@ def server_log_text(caplog: pytest.LogCaptureFixture) -> str:
 
 
 def test_match_token_returns_the_name() -> None:
-    assert match_token("tok-alice-0123456789", TOKENS) == "alice"
-    assert match_token("tok-ci-9876543210", TOKENS) == "ci"
-    assert match_token("tok-alice-012345678", TOKENS) is None  # prefix
-    assert match_token("tok-alice-01234567890", TOKENS) is None  # longer
-    assert match_token("", TOKENS) is None
-    assert match_token("x", {}) is None
+    table = TokenTable.from_plaintext(TOKENS)
+
+    def name(t: str) -> str | None:
+        entry = table.match(t)
+        return entry.name if entry else None
+
+    assert name("tok-alice-0123456789") == "alice"
+    assert name("tok-ci-9876543210") == "ci"
+    assert name("tok-alice-012345678") is None  # prefix
+    assert name("tok-alice-01234567890") is None  # longer
+    assert name("") is None
+    assert TokenTable.from_plaintext({}).match("x") is None
 
 
 async def test_auth_off_everything_open(make_stack: StackFactory) -> None:
@@ -46,11 +52,13 @@ async def test_auth_on_requires_a_valid_bearer(
     caplog.set_level(logging.DEBUG)
     stack = await make_stack(tokens=TOKENS)
     c = stack.client
-    # /healthz stays open
+    # probes and the API description stay open
     r = await c.get("/healthz")
     assert r.status_code == 200 and r.text == "ok"
+    for path in ("/readyz", "/openapi.json"):
+        assert (await c.get(path)).status_code == 200, path
 
-    for path in ("/api/fleet", "/readyz", "/metrics", "/api/metrics", "/openapi.json"):
+    for path in ("/api/fleet", "/metrics", "/api/metrics"):
         r = await c.get(path)
         body = envelope(r, 401, "unauthorized")
         assert r.headers["www-authenticate"].startswith("Bearer")

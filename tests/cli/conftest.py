@@ -31,6 +31,7 @@ from prospero.api.settings import ApiSettings
 from prospero.cli.main import app as cli_app
 from prospero.core.discovery import socket_path_for
 from prospero.core.sources import canonical_root
+from prospero.core.tokens import TokenTable
 from prospero.core.wire.control import SpawnSpec
 from prospero.daemon.runtime import DaemonConfig, Runtime
 from prospero.testkit import scripts
@@ -148,7 +149,9 @@ class LiveStack:
         )
         self.runtime = Runtime(cfg)
         await self.runtime.start()
-        settings = ApiSettings(api_tokens=self.tokens, heartbeat_interval=1.0, access_log=False)
+        settings = ApiSettings(
+            tokens=TokenTable.from_plaintext(self.tokens), heartbeat_interval=1.0, access_log=False
+        )
         self.server = ApiServer(
             create_app(self.runtime, settings), "127.0.0.1", 0, graceful_timeout=3
         )

@@ -187,6 +187,33 @@ def test_refuse_non_loopback_without_token() -> None:
         assert load_config(["--addr", addr], {}).api_tokens == {}
 
 
+def test_scoped_tokens_file_and_insecure_no_auth(tmp_path: Path) -> None:
+    from prospero.core.tokens import Scope, add_token
+
+    f = tmp_path / "scoped"
+    add_token(f, "ci", Scope.operate)
+    cfg = load_config(["--api-tokens-file", str(f), "--addr", "0.0.0.0:7878"], {})
+    assert cfg.api_tokens_file == f and cfg.api_tokens == {}
+    assert load_config([], {"PROSPERO_API_TOKENS_FILE": str(f)}).api_tokens_file == f
+    # an empty tokens file still turns auth on (tokens can be added while prosperod runs)
+    empty = write(tmp_path / "empty-scoped", "# none yet\n")
+    assert load_config(["--api-tokens-file", str(empty), "--addr", "0.0.0.0:1"], {})
+    with pytest.raises(ConfigError, match=r"tokens file .*bad, line 2: unknown scope"):
+        load_config(["--api-tokens-file", str(write(tmp_path / "bad", "\nx root sha256:0\n"))], {})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(["--api-tokens-file", str(tmp_path / "missing")], {})
+    with pytest.raises(ConfigError, match="ci"):  # a name in both sources
+        load_config(
+            ["--api-tokens-file", str(f), "--api-token-file", str(write(tmp_path / "p", "ci:x\n"))],
+            {},
+        )
+    with pytest.raises(ConfigError, match="--insecure-no-auth"):
+        load_config(["--addr", "0.0.0.0:7878"], {})
+    cfg = load_config(["--addr", "0.0.0.0:7878", "--insecure-no-auth"], {})
+    assert cfg.insecure_no_auth and cfg.bind_host == "0.0.0.0"
+    assert load_config(["--addr", "0.0.0.0:1"], {"PROSPERO_INSECURE_NO_AUTH": "1"}).insecure_no_auth
+
+
 def test_caliband_network(tmp_path: Path) -> None:
     files = make_self_signed().write(tmp_path / "tls")
     token = write(tmp_path / "cal-token", "s3cret\n")
@@ -251,3 +278,24 @@ def test_rate_card_files(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ConfigError, match=match):
             load_rate_card(write(tmp_path / "r.toml", text))
+
+
+def test_slow_client_settings(tmp_path: Path) -> None:
+    cfg = load_config([], {})
+    assert (cfg.header_timeout, cfg.body_timeout, cfg.max_connections) == (10.0, 30.0, 2048)
+    toml = write(tmp_path / "p.toml", "header_timeout_s = 4\nbody-timeout-s = 12.5\n")
+    cfg = load_config(
+        ["--config", str(toml), "--max-connections", "64"], {"PROSPERO_HEADER_TIMEOUT_S": "2.5"}
+    )
+    assert (cfg.header_timeout, cfg.body_timeout, cfg.max_connections) == (2.5, 12.5, 64)
+    for argv in (
+        ["--header-timeout-s", "0"],
+        ["--header-timeout-s", "-1"],
+        ["--body-timeout-s", "nan"],
+        ["--body-timeout-s", "inf"],
+        ["--body-timeout-s", "soon"],
+        ["--max-connections", "0"],
+        ["--max-connections", "1.5"],
+    ):
+        with pytest.raises(ConfigError):
+            load_config(argv, {})

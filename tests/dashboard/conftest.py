@@ -27,6 +27,7 @@ from prospero.api.server import ApiServer
 from prospero.api.settings import ApiSettings
 from prospero.core.discovery import socket_path_for
 from prospero.core.sources import canonical_root
+from prospero.core.tokens import TokenTable
 from prospero.core.wire.control import SpawnSpec
 from prospero.daemon.runtime import DaemonConfig, Runtime
 from prospero.testkit import acp_scripts as acp
@@ -276,10 +277,18 @@ async def make_stack(
 
     async def factory(
         *,
-        tokens: dict[str, str] | None = None,
+        tokens: dict[str, str] | TokenTable | None = None,
         workspaces: tuple[str, ...] = ("ws",),
         allow_acp: bool = False,
+        client_token: str | None = None,
     ) -> DashStack:
+        # tokens: plaintext `name -> token` (admin) or a scoped TokenTable (then the test
+        # client uses `client_token`)
+        table = (
+            tokens if isinstance(tokens, TokenTable) else TokenTable.from_plaintext(tokens or {})
+        )
+        if client_token is None and isinstance(tokens, dict) and tokens:
+            client_token = next(iter(tokens.values()))
         tmp = tmp_path / f"stack{len(stacks)}"
         tmp.mkdir()
         cfg = DaemonConfig(
@@ -288,16 +297,17 @@ async def make_stack(
             data_dir=tmp / "data",
             autostart=False,
             poll_interval=0.05,
-            api_tokens=dict(tokens or {}),
+            api_tokens=dict(tokens) if isinstance(tokens, dict) else {},
             host_label="dash-test",
             allow_acp=allow_acp,
         )
         runtime = Runtime(cfg)
         await runtime.start()
-        settings = ApiSettings(api_tokens=dict(tokens or {}), access_log=False)
+        settings = ApiSettings(tokens=table, access_log=False)
         server = ApiServer(create_app(runtime, settings), "127.0.0.1", 0, graceful_timeout=2)
         await server.start()
-        headers = {"Authorization": f"Bearer {next(iter(tokens.values()))}"} if tokens else {}
+        headers = {"Authorization": f"Bearer {client_token}"} if client_token else {}
+        headers["X-Prospero-Client"] = "test"  # body-less POSTs pass the OriginGuard
         client = httpx.AsyncClient(base_url=server.url, timeout=20.0, headers=headers)
         stack = DashStack(tmp=tmp, runtime=runtime, server=server, client=client)
         stacks.append(stack)

@@ -86,7 +86,9 @@ async def test_assets_open_but_api_needs_token(make_stack: StackFactory) -> None
         assert (await anon.get("/api/fleet")).status_code == 401
         assert (await anon.get("/api/dashboard/summary")).status_code == 401
         # the asset bypass covers GET/HEAD of asset paths only
-        assert (await anon.post("/ui/js/main.js")).status_code == 401
+        # (X-Prospero-Client: past the same-origin guard, which would answer 403 first)
+        r = await anon.post("/ui/js/main.js", headers={"X-Prospero-Client": "test"})
+        assert r.status_code == 401
     r = await stack.client.get("/api/dashboard/summary")
     assert r.status_code == 200 and r.json() == {
         "last_ordinal": r.json()["last_ordinal"],

@@ -1,7 +1,6 @@
 """Agent output is untrusted: an XSS corpus in text deltas, thinking, a tool's name, input and
 result, and in the agent's label executes nothing and injects no element; the CSP blocks
-what would slip through. With API tokens on, the page asks for a token once per browser
-session and uses it for fetch (Authorization) and EventSource (?access_token=)."""
+what would slip through. (Signing in with a token: test_sign_in.py.)"""
 
 from __future__ import annotations
 
@@ -89,54 +88,3 @@ async def test_csp_blocks_inline_script_even_if_injected(
     assert await s.page.evaluate("window.__xss") == 0
     violations = await s.page.evaluate("window.__csp")
     assert len(violations) == 2 and all(v.startswith("script-src") for v in violations), violations
-
-
-async def test_token_prompt_session_storage_and_sse(
-    make_stack: StackFactory, open_session: SessionFactory
-) -> None:
-    token = "tok-dash-0123456789"
-    stack = await make_stack(tokens={"ui": token})
-    s = await open_session(stack)
-    page = s.page
-    streams: list[str] = []
-    page.on("request", lambda req: streams.append(req.url) if "/stream?" in req.url else None)
-    await s.open()
-    form = page.locator("#token-form")
-    await expect(form).to_be_visible()
-    await expect(form).to_contain_text("API token required")
-    await s.shot("token-prompt", full_page=False)
-
-    await page.fill("#token-input", "wrong-token")
-    await page.click('#token-form button[type="submit"]')
-    await expect(page.locator("#token-form .form-error")).to_have_text("Invalid token")
-    await page.fill("#token-input", token)
-    await page.click('#token-form button[type="submit"]')
-    await expect(form).to_have_count(0)
-    await expect(page.locator(".ws-card")).to_have_count(1)
-    assert await page.evaluate("sessionStorage.getItem('prospero.token')") == token
-    assert await page.evaluate("localStorage.getItem('prospero.token')") is None
-    await expect(page.locator("#signout")).to_be_visible()
-
-    # the fleet stream runs with ?access_token= and delivers live changes
-    await expect(page.locator("#conn")).to_have_text("live")
-    assert any("/api/stream?" in u and f"access_token={token}" in u for u in streams), streams
-    # ...asking only for the kinds the overview acts on (not every output chunk of the fleet)
-    assert all("kinds=" in u and "output" not in u for u in streams), streams
-    agent_id = await stack.spawn("paced: with a token")
-    await expect(page.locator(f'tr.agent-row[data-agent-id="{agent_id}"] .pill')).to_have_text(
-        "done"
-    )
-
-    # the per-agent stream too; a reload keeps the token (same tab), no prompt
-    await page.reload()
-    await expect(page.locator(".ws-card")).to_have_count(1)
-    assert await page.locator("#token-form").count() == 0
-    await page.locator(f'tr.agent-row[data-agent-id="{agent_id}"] .agent-link').click()
-    await expect(page.locator(".tl-finished")).to_be_visible()
-    assert any(f"/api/agents/{agent_id}/stream?" in u and "access_token=" in u for u in streams)
-
-    # forgetting the token brings the prompt back
-    await page.click("#signout")
-    await expect(page.locator("#token-form")).to_be_visible()
-    assert s.log.errors == []
-    assert await page.evaluate("window.__xss") == 0

@@ -20,7 +20,16 @@ Decision webhooks (ADR 0006): `--decision-webhook URL` (repeatable), env
 
 API tokens: `--api-token-file FILE` (lines `name:token` or a bare `token`; `#` comments) and/or
 `PROSPERO_API_TOKEN` (named `env`). Both sources are combined. Binding a non-loopback address
-without any token is refused.
+without any token is refused unless `--insecure-no-auth`.
+Scoped tokens (ADR 0010): `--api-tokens-file FILE` (lines `NAME SCOPE sha256:HEX`, written by
+`prospero token new NAME --scope read|operate|admin --tokens-file FILE`), re-read on change;
+the plaintext tokens above are `admin`.
+
+Host allowlist (DNS rebinding; api/guard.py): besides the loopback names, requests are served
+only for `--allowed-host NAME` (repeatable; `*.example.com` = any subdomain; `*` disables the
+check, which is unsafe), env `PROSPERO_ALLOWED_HOSTS` (comma-separated), TOML
+`allowed_host = ["prospero.lan"]`, and the host of `--public-url URL` (the URL browsers use to
+reach prosperod, e.g. behind a TLS proxy; its origin is also accepted as same-origin).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from urllib.parse import urlsplit
 from prospero.core.errors import InvalidConfig
 from prospero.core.fleet.local import CalibandNetworkConfig
 from prospero.core.ratecard import DEFAULT_RATES, Rate, RateCard
+from prospero.core.tokens import TokenFileError, read_tokens_file
 from prospero.core.transport import NetworkSecurity
 from prospero.core.wire.control import TcpEndpoint
 from prospero.daemon.runtime import DaemonConfig, default_data_dir
@@ -75,6 +85,19 @@ def parse_int(value: Any, key: str, minimum: int = 0) -> int:
         raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
     if n < minimum:
         raise ConfigError(f"{key}: must be >= {minimum}, got {n}")
+    return n
+
+
+def parse_seconds(value: Any, key: str, maximum: float = 86400.0) -> float:
+    """A positive, finite number of seconds (e.g. `10`, `2.5`)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a number of seconds, got {value!r}")
+    try:
+        n = float(value) if isinstance(value, int | float) else float(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number of seconds, got {value!r}") from None
+    if not (0 < n <= maximum):  # also refuses nan and inf
+        raise ConfigError(f"{key}: must be > 0 and <= {maximum:g} seconds, got {value!r}")
     return n
 
 
@@ -136,6 +159,36 @@ def parse_url_list(value: Any, key: str) -> list[str]:
     return out
 
 
+def parse_host_list(value: Any, key: str) -> list[str]:
+    """A TOML list, repeated flags, or (env var) a comma-separated list of host names, IPs,
+    `*.suffix` wildcards or `*`."""
+    from prospero.api.guard import HostPolicy
+
+    if isinstance(value, str):
+        items = [p.strip() for p in value.split(",")]
+    elif isinstance(value, list | tuple):
+        items = [str(p).strip() for p in value]
+    else:
+        raise ConfigError(f"{key}: expected a list of host names, got {value!r}")
+    out = [i for i in items if i]
+    try:
+        HostPolicy(out)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    return out
+
+
+def parse_public_url(value: Any, key: str) -> str:
+    """An http(s) URL; returns its origin (`scheme://host[:port]`)."""
+    from prospero.api.guard import parse_origin
+
+    s = str(value).strip()
+    parts = urlsplit(s)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parse_origin(s) is None:
+        raise ConfigError(f"{key}: expected an http(s) URL, got {value!r}")
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}".lower()
+
+
 def parse_choice(value: Any, key: str, choices: Sequence[str]) -> str:
     s = str(value).strip().lower()
     if s not in choices:
@@ -184,11 +237,51 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("api_token_file", "API tokens, one per line: `name:token` or `token`", "path"),
     Setting("api_token", "a single API token (prefer the env var or a file)", "str"),
     Setting(
+        "api_tokens_file",
+        "scoped API tokens, stored hashed (`prospero token new NAME --scope read|operate|admin "
+        "--tokens-file FILE`); re-read when it changes",
+        "path",
+    ),
+    Setting(
+        "insecure_no_auth",
+        "allow binding a non-loopback address without any API token (unsafe: anyone who can "
+        "reach it controls the fleet)",
+        "bool",
+    ),
+    Setting(
         "decision_webhook",
         "URL POSTed a JSON body when a permission decision becomes pending or is resolved "
         "(repeatable)",
         "list",
         env_var="PROSPERO_DECISION_WEBHOOKS",
+    ),
+    Setting(
+        "allowed_host",
+        "serve requests for this Host name besides loopback (repeatable; `*.example.com`; "
+        "`*` disables the DNS-rebinding check: unsafe)",
+        "list",
+        env_var="PROSPERO_ALLOWED_HOSTS",
+    ),
+    Setting(
+        "public_url",
+        "the URL browsers reach prosperod at (e.g. behind a proxy): its host is allowed and its "
+        "origin is accepted as same-origin",
+    ),
+    Setting(
+        "header_timeout_s",
+        "seconds a client gets to send a request's line and headers; slower ones are closed "
+        "(default 10)",
+        "float",
+    ),
+    Setting(
+        "body_timeout_s",
+        "seconds a client gets to send a request's whole body; slower ones get 408 (default 30)",
+        "float",
+    ),
+    Setting(
+        "max_connections",
+        "concurrent HTTP connections served; more are refused with 503 (default 2048)",
+        "int",
     ),
     Setting(
         "decision_rejoin_grace_ms",
@@ -218,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
         elif s.kind == "kv":
             p.add_argument(s.flag, dest=dest, action="append", metavar="KEY=VALUE", help=s.help)
         elif s.kind == "list":
-            p.add_argument(s.flag, dest=dest, action="append", metavar="URL", help=s.help)
+            metavar = "HOST" if s.key == "allowed_host" else "URL"
+            p.add_argument(s.flag, dest=dest, action="append", metavar=metavar, help=s.help)
         else:
             p.add_argument(s.flag, dest=dest, metavar=s.key.split("_")[-1].upper(), help=s.help)
     return p
@@ -419,8 +513,32 @@ def build_config(values: Mapping[str, Any]) -> DaemonConfig:
             raise ConfigError("API token name 'env' is reserved for PROSPERO_API_TOKEN")
         tokens["env"] = single
     cfg.api_tokens = tokens
+    if values.get("api_tokens_file"):
+        cfg.api_tokens_file = Path(str(values["api_tokens_file"])).expanduser()
+        try:
+            scoped = read_tokens_file(cfg.api_tokens_file)
+        except TokenFileError as e:
+            raise ConfigError(str(e)) from None
+        clash = sorted({e.name for e in scoped} & set(tokens))
+        if clash:
+            raise ConfigError(
+                f"API token name(s) {', '.join(clash)} in both {cfg.api_tokens_file} and the "
+                "plaintext tokens (--api-token-file / PROSPERO_API_TOKEN)"
+            )
+    if "insecure_no_auth" in values:
+        cfg.insecure_no_auth = parse_bool(values["insecure_no_auth"], "insecure_no_auth")
     if "decision_webhook" in values:
         cfg.decision_webhooks = parse_url_list(values["decision_webhook"], "decision_webhook")
+    if "allowed_host" in values:
+        cfg.allowed_hosts = parse_host_list(values["allowed_host"], "allowed_host")
+    if values.get("public_url"):
+        cfg.public_url = parse_public_url(values["public_url"], "public_url")
+    if "header_timeout_s" in values:
+        cfg.header_timeout = parse_seconds(values["header_timeout_s"], "header_timeout_s")
+    if "body_timeout_s" in values:
+        cfg.body_timeout = parse_seconds(values["body_timeout_s"], "body_timeout_s")
+    if "max_connections" in values:
+        cfg.max_connections = parse_int(values["max_connections"], "max_connections", 1)
     if "decision_rejoin_grace_ms" in values:
         cfg.decision_rejoin_grace = (
             parse_int(values["decision_rejoin_grace_ms"], "decision_rejoin_grace_ms", 0) / 1000
@@ -432,10 +550,12 @@ def validate(cfg: DaemonConfig) -> None:
     """Start-up refusals that depend on several settings."""
     from prospero.api.server import is_loopback
 
-    if not cfg.api_tokens and not is_loopback(cfg.bind_host):
+    no_auth = not cfg.api_tokens and cfg.api_tokens_file is None
+    if no_auth and not cfg.insecure_no_auth and not is_loopback(cfg.bind_host):
         raise ConfigError(
             f"refusing to bind non-loopback address {cfg.bind_host} without an API token: "
-            "set PROSPERO_API_TOKEN or --api-token-file"
+            "set --api-tokens-file (prospero token new), PROSPERO_API_TOKEN or --api-token-file "
+            "(or --insecure-no-auth, which lets anyone who reaches it control the fleet)"
         )
 
 

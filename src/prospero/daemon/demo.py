@@ -45,6 +45,7 @@ from prospero.api.server import ApiServer
 from prospero.core.discovery import socket_path_for
 from prospero.core.errors import ProsperoError
 from prospero.core.sources import canonical_root
+from prospero.daemon.config import ConfigError, parse_host_list, parse_public_url
 from prospero.daemon.main import EXIT_FAILURE, serve, setup_logging
 from prospero.daemon.runtime import DaemonConfig, Runtime
 from prospero.testkit.demo_scripts import (
@@ -118,8 +119,14 @@ class Demo:
         data_dir: str | None = None,
         poll_interval: float = 1.0,
         out: Any = None,
+        allowed_hosts: Sequence[str] = (),
+        public_url: str | None = None,
+        api_tokens_file: str | None = None,
     ) -> None:
         self.host = host
+        self.api_tokens_file = Path(api_tokens_file).absolute() if api_tokens_file else None
+        self.allowed_hosts = list(allowed_hosts)
+        self.public_url = public_url
         self.port = port
         self.poll_interval = poll_interval
         self.out = out or sys.stdout
@@ -203,6 +210,11 @@ class Demo:
     def banner(self, url: str, paths: set[str] | None = None) -> str:
         lines = [f"Prospero demo running at {url} — Ctrl-C to stop", ""]
         lines.append(f"  data dir   {self.data_dir}")
+        if self.api_tokens_file is not None:
+            lines.append(
+                f"  API tokens {self.api_tokens_file}  (sign in to the dashboard with one; "
+                "the CLI takes --token or PROSPERO_API_TOKEN)"
+            )
         addr = "" if url == f"http://127.0.0.1:{DEFAULT_PORT}" else f" --addr {url}"
         paths = paths or set()
         if "/" in paths:
@@ -265,6 +277,9 @@ class Demo:
             host_label="demo",
             poll_interval=self.poll_interval,
             autostart=False,
+            allowed_hosts=self.allowed_hosts,
+            public_url=self.public_url,
+            api_tokens_file=self.api_tokens_file,
             allow_acp=True,
         )
         runtime = Runtime(config)
@@ -298,14 +313,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None, help="keep demo data here (default: a temp dir)")
     p.add_argument("--poll-interval", type=float, default=1.0, help="fleet poll cadence (s)")
     p.add_argument("--log-level", default="warning", help="log level (default warning)")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="serve this Host name besides loopback (repeatable; `*.example.com`)",
+    )
+    p.add_argument("--public-url", default=None, help="the URL browsers reach the demo at")
+    p.add_argument(
+        "--api-tokens-file",
+        default=None,
+        metavar="FILE",
+        help="require scoped API tokens from this file (prospero token new ... --tokens-file FILE)",
+    )
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging("text", args.log_level)
+    try:
+        allowed = parse_host_list(args.allowed_host, "--allowed-host")
+        public_url = parse_public_url(args.public_url, "--public-url") if args.public_url else None
+    except ConfigError as e:
+        print(f"prospero demo: {e}", file=sys.stderr)
+        return 2
     demo = Demo(
-        host=args.host, port=args.port, data_dir=args.data_dir, poll_interval=args.poll_interval
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        poll_interval=args.poll_interval,
+        allowed_hosts=allowed,
+        public_url=public_url,
+        api_tokens_file=args.api_tokens_file,
     )
     with contextlib.suppress(KeyboardInterrupt):
         return asyncio.run(demo.run())

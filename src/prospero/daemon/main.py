@@ -26,6 +26,7 @@ from prospero.api.app import create_app
 from prospero.api.server import ApiServer, is_loopback
 from prospero.api.settings import ApiSettings
 from prospero.core.drivers import acp_sdk_logs
+from prospero.core.tokens import TokenFileError, TokenTable, load_or_create_session_key
 from prospero.daemon.config import ConfigError, load_config, validate
 from prospero.daemon.runtime import DaemonConfig, Runtime
 
@@ -78,6 +79,16 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
     logging.getLogger("uvicorn.access").disabled = True  # ours never logs query strings
 
 
+def api_auth(config: DaemonConfig) -> tuple[TokenTable, bytes | None]:
+    """The token table (tokens file + plaintext tokens) and, when auth is on, the session-cookie
+    key kept in `<data dir>/session.key` (0600, created on first start)."""
+    tokens = TokenTable(config.api_tokens_file, config.api_tokens)
+    if not tokens.enabled:
+        return tokens, None
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    return tokens, load_or_create_session_key(config.data_dir / "session.key")
+
+
 async def serve(
     config: DaemonConfig,
     *,
@@ -98,7 +109,21 @@ async def serve(
         log.error("%s", e)
         return EXIT_CONFIG
     runtime = runtime or Runtime(config)
-    settings = settings or ApiSettings(api_tokens=dict(config.api_tokens))
+    if settings is None:
+        try:
+            tokens, session_key = api_auth(config)
+        except (TokenFileError, OSError) as e:
+            log.error("API authentication: %s", e)
+            return EXIT_CONFIG
+    settings = settings or ApiSettings(
+        tokens=tokens,
+        session_key=session_key,
+        allowed_hosts=list(config.allowed_hosts),
+        public_origins=[config.public_url] if config.public_url else [],
+        header_timeout=config.header_timeout,
+        body_timeout=config.body_timeout,
+        max_connections=config.max_connections,
+    )
     app = create_app(runtime, settings)
     server = ApiServer(app, config.bind_host, config.port)
     try:
@@ -138,15 +163,15 @@ async def serve(
                 await runtime.stop()
             return EXIT_FAILURE
         await server.start()
-        auth = f"on ({len(settings.api_tokens)} token(s))" if settings.api_tokens else "off"
+        auth = f"on ({len(settings.tokens)} token(s))" if settings.tokens.enabled else "off"
         log.info(
             "prosperod listening on %s (data dir %s, API auth %s)",
             server.url,
             config.data_dir,
             auth,
-            extra={"url": server.url, "auth": bool(settings.api_tokens)},
+            extra={"url": server.url, "auth": settings.tokens.enabled},
         )
-        if not settings.api_tokens and not is_loopback(config.bind_host):  # pragma: no cover
+        if not settings.tokens.enabled and not is_loopback(config.bind_host):  # pragma: no cover
             log.warning("API auth is off on a non-loopback address")
         if on_ready is not None:
             res = on_ready(server)

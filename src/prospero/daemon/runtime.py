@@ -58,6 +58,11 @@ class DaemonConfig:
     caliband_network: CalibandNetworkConfig | None = None
     # API auth: token name -> token. Empty = no auth (only allowed on loopback binds).
     api_tokens: dict[str, str] = field(default_factory=dict)
+    # Scoped, hashed tokens (ADR 0010; `prospero token new`), re-read when the file changes.
+    # Configured = auth on (an empty file accepts no token until one is added).
+    api_tokens_file: Path | None = None
+    # Allow a non-loopback bind without any token (unsafe; refused otherwise).
+    insecure_no_auth: bool = False
     log_format: str = "text"
     log_level: str = "info"
     # Per-subscriber live-bus queue; a subscriber further behind self-heals from the store.
@@ -67,6 +72,14 @@ class DaemonConfig:
     # for its rejoined session to ask again before it is cancelled.
     decision_webhooks: list[str] = field(default_factory=list)
     decision_rejoin_grace: float = 30.0
+    # Slow clients (api/h11_protocol.py): seconds for a request's headers and for its body;
+    # concurrent HTTP connections beyond the bound are refused with 503.
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_connections: int = 2048
+    # Host allowlist beyond loopback (api/guard.py) and the origin browsers reach us at.
+    allowed_hosts: list[str] = field(default_factory=list)
+    public_url: str | None = None
 
     @property
     def db_path(self) -> Path:

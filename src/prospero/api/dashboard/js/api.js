@@ -1,8 +1,10 @@
 // HTTP client for prosperod's API: JSON in and out, the `{error, kind}` envelope turned into
-// ApiError, and bearer tokens. A 401 asks the page for a token (once for all concurrent
-// requests), keeps it in this tab's sessionStorage and retries.
+// ApiError, and the sign-in session. A 401 asks the page to sign in (once for all concurrent
+// requests): the token is POSTed to /api/session, which answers with an HttpOnly, SameSite=Strict
+// session cookie; the page never keeps the token. Every request carries `X-Prospero-Client:
+// dashboard` (prosperod refuses state changes that a cross-site page could have sent).
 
-const TOKEN_KEY = "prospero.token";
+const CLIENT_HEADERS = { "X-Prospero-Client": "dashboard" };
 
 let unauthorizedHandler = null;
 let pendingAuth = null;
@@ -15,24 +17,7 @@ export class ApiError extends Error {
   }
 }
 
-export function getToken() {
-  try {
-    return sessionStorage.getItem(TOKEN_KEY) || "";
-  } catch {
-    return "";
-  }
-}
-
-export function setToken(token) {
-  try {
-    if (token) sessionStorage.setItem(TOKEN_KEY, token);
-    else sessionStorage.removeItem(TOKEN_KEY);
-  } catch {
-    /* storage disabled: the token lives only as long as this page */
-  }
-}
-
-/** fn(reason: "missing" | "invalid") -> Promise<boolean>: true once a new token is stored. */
+/** fn(reason: string) -> Promise<boolean>: true once the user has signed in. */
 export function onUnauthorized(fn) {
   unauthorizedHandler = fn;
 }
@@ -45,6 +30,60 @@ export function authenticate(reason) {
     });
   }
   return pendingAuth;
+}
+
+async function readBody(resp) {
+  const text = await resp.text();
+  if (!text) return null;
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+/** Exchange a token for the session cookie. Resolves on success; throws ApiError (401 wrong
+ *  token, 429 too many attempts, ...). */
+export async function signIn(token) {
+  let resp;
+  try {
+    resp = await fetch("/api/session", {
+      method: "POST",
+      headers: { ...CLIENT_HEADERS, Accept: "application/json", "Content-Type": "application/json" },
+      body: JSON.stringify({ token }),
+      cache: "no-store",
+      credentials: "same-origin",
+    });
+  } catch {
+    throw new ApiError(0, "prosperod is unreachable", "network");
+  }
+  if (resp.status === 204) return;
+  const data = await readBody(resp);
+  throw new ApiError(resp.status, errorMessage(resp.status, data), (data && data.kind) || "");
+}
+
+/** Clear the session cookie. */
+export async function signOut() {
+  await fetch("/api/session", {
+    method: "DELETE",
+    headers: { ...CLIENT_HEADERS },
+    cache: "no-store",
+    credentials: "same-origin",
+  });
+}
+
+/** {name, scope, via} of the current credentials, or null when signed out. */
+export async function whoami() {
+  try {
+    const resp = await fetch("/api/session", {
+      headers: { ...CLIENT_HEADERS, Accept: "application/json" },
+      cache: "no-store",
+      credentials: "same-origin",
+    });
+    return resp.ok ? await resp.json() : null;
+  } catch {
+    return null;
+  }
 }
 
 function errorMessage(status, data) {
@@ -65,9 +104,7 @@ function errorMessage(status, data) {
 
 export async function request(method, path, body) {
   for (let attempt = 0; ; attempt += 1) {
-    const token = getToken();
-    const headers = { Accept: "application/json" };
-    if (token) headers.Authorization = `Bearer ${token}`;
+    const headers = { ...CLIENT_HEADERS, Accept: "application/json" };
     const init = { method, headers, cache: "no-store", credentials: "same-origin" };
     if (body !== undefined) {
       headers["Content-Type"] = "application/json";
@@ -79,19 +116,10 @@ export async function request(method, path, body) {
     } catch {
       throw new ApiError(0, "prosperod is unreachable", "network");
     }
+    const data = await readBody(resp);
     if (resp.status === 401 && attempt < 6) {
-      if (getToken() !== token) continue; // someone entered a new token meanwhile
-      if (await authenticate(token ? "invalid" : "missing")) continue;
-      throw new ApiError(401, "an API token is required", "unauthorized");
-    }
-    const text = await resp.text();
-    let data = null;
-    if (text) {
-      try {
-        data = JSON.parse(text);
-      } catch {
-        data = text;
-      }
+      if (await authenticate(errorMessage(401, data))) continue;
+      throw new ApiError(401, "sign in with an API token to use this dashboard", "unauthorized");
     }
     if (!resp.ok) {
       throw new ApiError(resp.status, errorMessage(resp.status, data), (data && data.kind) || "");
@@ -107,14 +135,11 @@ export const del = (path) => request("DELETE", path);
 
 export const enc = encodeURIComponent;
 
-/** URL of an SSE endpoint with the resume cursor and, when set, the token as a query param
- *  (EventSource cannot send headers; prosperod accepts ?access_token= on its two streams). */
+/** URL of an SSE endpoint with the resume cursor (the session cookie authenticates it). */
 export function streamUrl(path, from) {
   const at = path.indexOf("?");
   const base = at < 0 ? path : path.slice(0, at);
   const params = new URLSearchParams(at < 0 ? "" : path.slice(at + 1));
   params.set("from", String(from));
-  const token = getToken();
-  if (token) params.set("access_token", token);
   return `${base}?${params.toString()}`;
 }

@@ -1,6 +1,6 @@
 // Boot, hash router, header (host, connection, approvals badge, theme) and the token prompt.
 
-import { getToken, onUnauthorized, setToken } from "./api.js";
+import { onUnauthorized, signOut, whoami } from "./api.js";
 import { $, clear, h } from "./dom.js";
 import * as state from "./state.js";
 import { banner, clearBanners, tokenDialog } from "./ui.js";
@@ -120,8 +120,11 @@ function renderHost() {
   el.hidden = !host;
 }
 
-function renderAuth() {
-  $("#signout").hidden = !getToken();
+async function renderAuth() {
+  const me = await whoami();
+  const btn = $("#signout");
+  btn.hidden = !(me && me.via === "cookie");
+  btn.title = me && me.name ? `Signed in as ${me.name} (${me.scope})` : "";
 }
 
 function setupHeader() {
@@ -130,9 +133,12 @@ function setupHeader() {
     const next = THEMES[(THEMES.indexOf(currentTheme()) + 1) % THEMES.length];
     applyTheme(next);
   });
-  $("#signout").addEventListener("click", () => {
-    setToken("");
-    location.reload();
+  $("#signout").addEventListener("click", async () => {
+    try {
+      await signOut();
+    } finally {
+      location.reload();
+    }
   });
   state.on("conn", renderConn);
   state.on("fleet", () => {
@@ -162,7 +168,7 @@ async function boot() {
   } catch (e) {
     banner(
       e.status === 401
-        ? "An API token is required to use this dashboard. Reload the page to enter one."
+        ? "Sign in with an API token to use this dashboard. Reload the page to sign in."
         : `Cannot reach prosperod: ${e.message || e}`,
       "error",
     );

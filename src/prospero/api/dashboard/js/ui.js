@@ -1,6 +1,6 @@
 // Shared UI pieces: status pills, banners, toasts, confirmation and token dialogs.
 
-import { setToken } from "./api.js";
+import { signIn } from "./api.js";
 import { h, replace } from "./dom.js";
 
 export function statusPill(status) {
@@ -135,7 +135,8 @@ export function confirmDialog({ title, message, confirmLabel = "Confirm", danger
 
 let tokenDialogOpen = null;
 
-/** Ask for an API token; resolves true once one is stored for this browser session. */
+/** The sign-in form: the token is exchanged for prosperod's session cookie (POST /api/session)
+ *  and never stored by the page. Resolves true once signed in, false when cancelled. */
 export function tokenDialog(reason) {
   if (tokenDialogOpen) return tokenDialogOpen;
   tokenDialogOpen = new Promise((resolve) => {
@@ -147,39 +148,54 @@ export function tokenDialog(reason) {
           class: "input",
           autocomplete: "off",
           spellcheck: "false",
-          placeholder: "API token",
+          placeholder: "pspo_…",
           required: true,
         });
+        const error = h("p", { class: "form-error", role: "alert", hidden: true });
+        const submit = h("button", { type: "submit", class: "btn btn-primary" }, "Sign in");
         const form = h(
           "form",
           {
             class: "modal-body",
             id: "token-form",
             on: {
-              submit: (e) => {
+              submit: async (e) => {
                 e.preventDefault();
                 const value = input.value.trim();
                 if (!value) return;
-                setToken(value);
-                close(true);
+                submit.disabled = true;
+                error.hidden = true;
+                try {
+                  await signIn(value);
+                  close(true);
+                } catch (err) {
+                  error.textContent =
+                    err.status === 401 ? "Invalid token" : err.message || "Sign-in failed";
+                  error.hidden = false;
+                  input.select();
+                } finally {
+                  submit.disabled = false;
+                }
               },
             },
           },
-          h("h2", { class: "modal-title" }, "API token required"),
+          h("h2", { class: "modal-title" }, "Sign in to prosperod"),
           h(
             "p",
             { class: "modal-text" },
-            reason === "invalid"
-              ? "prosperod rejected the token. Enter a valid API token."
-              : "This prosperod requires an API token. It is kept for this browser tab only.",
+            "This prosperod requires an API token (prospero token new). The dashboard exchanges " +
+              "it for a session cookie and does not keep it.",
           ),
-          reason === "invalid" ? h("p", { class: "form-error", role: "alert" }, "Invalid token") : null,
+          reason && /expired|revoked/.test(reason)
+            ? h("p", { class: "modal-text", id: "sign-in-reason" }, reason)
+            : null,
+          error,
           h("label", { class: "field" }, h("span", { class: "field-label" }, "Token"), input),
           h(
             "div",
             { class: "modal-actions" },
             h("button", { type: "button", class: "btn", on: { click: () => close(false) } }, "Cancel"),
-            h("button", { type: "submit", class: "btn btn-primary" }, "Sign in"),
+            submit,
           ),
         );
         dlg.classList.add("token-dialog");
