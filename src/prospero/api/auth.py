@@ -45,10 +45,11 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prospero.api.errors import send_envelope
 from prospero.api.guard import CROSS_ORIGIN, cross_site_marked, same_origin_evidence
+from prospero.api.middleware import StatusRecorder
 from prospero.api.settings import ApiSettings
 from prospero.core.metrics import Metrics
 from prospero.core.tokens import Scope as TokenScope
@@ -517,18 +518,11 @@ class AuthMiddleware:
         if not mutation:
             await self.app(scope, receive, send)
             return
-        status = 0
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
+        recorder = StatusRecorder(send)
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive, recorder)
         finally:
-            audit(ident, scope, status)
+            audit(ident, scope, recorder.status)
 
 
 __all__ = [

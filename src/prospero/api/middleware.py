@@ -126,6 +126,19 @@ class BodyLimitMiddleware:
         await self.app(scope, buffered_receive, send)
 
 
+class StatusRecorder:
+    """A `send` that remembers the response's status (0 until the response starts)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.status = 0
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+        await self.send(message)
+
+
 class AccessLogMiddleware:
     """One line per request: method, path (never the query string), status, duration, token
     name. Streams are logged when they end."""
@@ -140,17 +153,11 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.monotonic()
-        status = 0
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
+        recorder = StatusRecorder(send)
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive, recorder)
         finally:
+            status = recorder.status
             if self.metrics is not None:
                 self.metrics.inc(API_REQUESTS)
             if self.enabled:
