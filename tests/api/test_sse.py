@@ -8,9 +8,13 @@ import random
 from typing import Any
 
 import httpx
+import orjson
+import pytest
+from fastapi.sse import format_sse_event
 
 from prospero.api.settings import ApiSettings
 from prospero.api.sse import HEARTBEAT, StreamHub, fleet_encoder_for
+from prospero.core import subscription
 from prospero.core.metrics import Metrics
 from prospero.core.store.base import StoredEvent
 from prospero.types.events import FleetEvent, Output
@@ -351,3 +355,50 @@ async def test_filtered_busy_stream_still_heartbeats() -> None:
     finally:
         await session.close()
     assert hub.open_streams == 0
+
+
+async def test_replay_bytes_are_the_old_wire_bytes(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """History leaves the store as bytes, a page of frames per write: the wire is exactly what
+    formatting each decoded event gave (SSE per agent and fleet, filtered too, and REST)."""
+    monkeypatch.setattr(subscription, "RAW_PAGE", 3)
+    agent_id = await stack.spawn("tools")
+    await stack.wait_finished(agent_id)
+    store = stack.runtime.store
+    assert store is not None
+    stored = await store.replay(agent_id)
+    end = next(i for i, e in enumerate(stored) if e.kind.kind == "agent_finished")
+
+    def frame(e: FleetEvent, cursor: int) -> bytes:
+        return format_sse_event(data_str=orjson.dumps(e.to_json()).decode(), id=str(cursor))
+
+    async with stack.client.stream(
+        "GET", f"/api/agents/{agent_id}/stream", headers=sse_headers()
+    ) as resp:
+        body = await resp.aread()
+    assert body == b"".join(frame(e, e.seq) for e in stored[: end + 1])
+
+    r = await stack.client.get(f"/api/agents/{agent_id}/events", params={"from": 2, "limit": 5})
+    assert r.content == orjson.dumps([e.to_json() for e in stored[1:6]])
+
+    fleet = await store.replay_fleet()
+    for params, want in (
+        ({}, fleet),
+        (
+            {"kinds": "output,agent_finished"},
+            [s for s in fleet if s.event.kind.kind in {"output", "agent_finished"}],
+        ),
+    ):
+        expected = b"".join(frame(s.event, s.ordinal) for s in want)
+        got = b""
+        async with stack.client.stream(
+            "GET", "/api/stream", params=params, headers=sse_headers()
+        ) as resp:
+            async for chunk in resp.aiter_bytes():
+                got += chunk
+                if len(got) >= len(expected):
+                    break
+        # (later events, e.g. the workspace's own, may follow in the same write)
+        assert got[: len(expected)] == expected, params
+    await no_open_streams(stack)

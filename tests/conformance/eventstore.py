@@ -220,6 +220,45 @@ class EventStoreConformance:
         assert [s.ordinal for s in page] == ordinals[2:5]
         assert await store.replay_fleet(after_ordinal=ordinals[-1]) == []
 
+    # -- raw reads (bytes, as the API sends them) -------------------------------------------
+
+    async def test_raw_replay_is_the_events_json(self, store: EventStore) -> None:
+        """`replay_raw` / `replay_fleet_raw`: the same events as `replay` / `replay_fleet`,
+        each byte-identical to `orjson.dumps(event.to_json())` (what the API sent before)."""
+        odd = FleetEvent(
+            seq=1,
+            ts='t"\\\n\u2028\x01',
+            repo='w\u00e9 "x"',
+            agent_id="a\tb",
+            kind=Output(chunk="\x00 \x7f"),
+        )
+        events = [ev("a", i + 1, k) for i, k in enumerate(ALL_KINDS)]
+        await store.append_batch([*events, ev("b", 1, turn(cost=1e-7)), odd])
+        for key in ("a", "b", "a\tb"):
+            replayed = await store.replay(key)
+            raw = await store.replay_raw(key)
+            assert [r.data for r in raw] == [orjson.dumps(e.to_json()) for e in replayed]
+            assert [(r.cursor, r.seq, r.kind) for r in raw] == [
+                (e.seq, e.seq, e.kind.kind) for e in replayed
+            ]
+        fleet = await store.replay_fleet()
+        raw_fleet = await store.replay_fleet_raw()
+        assert [r.data for r in raw_fleet] == [orjson.dumps(s.event.to_json()) for s in fleet]
+        assert [(r.cursor, r.seq) for r in raw_fleet] == [(s.ordinal, s.event.seq) for s in fleet]
+
+    async def test_raw_replay_from_limit_and_kinds(self, store: EventStore) -> None:
+        events = [ev("a", i + 1, k) for i, k in enumerate(ALL_KINDS)]
+        ordinals = await store.append_batch(events)
+        wanted = {"turn_finished", "agent_finished"}
+        for kw in ({"from_seq": 3}, {"from_seq": 2, "limit": 2}, {"kinds": wanted}, {"limit": 1}):
+            raw = await store.replay_raw("a", **kw)  # type: ignore[arg-type]
+            assert [r.seq for r in raw] == [e.seq for e in await store.replay("a", **kw)]  # type: ignore[arg-type]
+        assert await store.replay_raw("a", kinds=[]) == []
+        assert await store.replay_raw("nobody") == []
+        page = await store.replay_fleet_raw(after_ordinal=ordinals[1], limit=3)
+        assert [r.cursor for r in page] == ordinals[2:5]
+        assert await store.replay_fleet_raw(after_ordinal=ordinals[-1]) == []
+
     async def test_large_batch(self, store: EventStore) -> None:
         events = [ev(f"s{i % 7}", i // 7 + 1) for i in range(2000)]
         ordinals = await store.append_batch(events)
@@ -570,6 +609,56 @@ class EventStoreConformance:
         assert await store.replay_fleet() == []
         o = await store.append_batch([ev("a", 1)])
         assert await store.last_ordinal() == o[0]
+
+    # -- scan_kinds (incremental folds over many streams) ----------------------------------
+
+    async def test_scan_kinds_from_scratch(self, store: EventStore) -> None:
+        wanted = {"turn_finished", "agent_finished"}
+        batch = [
+            ev("a", 1),
+            ev("a", 2, turn(cost=0.5, usage=Usage(input_tokens=3, output_tokens=4))),
+            ev("b", 1, turn()),
+            ev("c", 1, turn(cost=1.0)),  # not asked for
+            ev("a", 3, finished(outcome="killed")),
+            ev("b", 2),
+        ]
+        await store.append_batch(batch)
+        scan = await store.scan_kinds(["a", "b", "nobody"], wanted)
+        assert scan.last_ordinal == await store.last_ordinal()
+        assert scan.heads == {"a": 3, "b": 2, "nobody": 0}
+        picked = [e for e in batch if e.agent_id in "ab" and e.kind.kind in wanted]
+        assert [(k, seq) for k, seq, _ in scan.rows] == [(e.agent_id, e.seq) for e in picked]
+        for (_, _, raw), e in zip(scan.rows, picked, strict=True):
+            assert orjson.loads(raw) == e.to_json()["kind"]
+        empty = await store.scan_kinds(["a"], [])
+        assert empty.rows == [] and empty.heads == {"a": 3}
+
+    async def test_scan_kinds_reads_only_what_is_new(self, store: EventStore) -> None:
+        wanted = {"turn_finished"}
+        await store.append_batch([ev("a", 1, turn()), ev("b", 1, turn()), ev("c", 1, turn())])
+        first = await store.scan_kinds(["a", "b"], wanted)
+        mark = first.last_ordinal
+        idle = await store.scan_kinds(["a", "b"], wanted, after_ordinal=mark, known=["a", "b"])
+        assert (idle.last_ordinal, idle.heads, idle.rows) == (mark, {}, [])
+        new = await store.append_batch(
+            [ev("a", 2), ev("c", 2, turn(cost=0.25)), ev("a", 3, turn(cost=2.0)), ev("d", 1)]
+        )
+        scan = await store.scan_kinds(["a", "b", "c"], wanted, after_ordinal=mark, known=["a", "b"])
+        assert scan.last_ordinal == new[-1]
+        # c is new to the caller: its older events too, first (ascending ordinal); b did not move.
+        assert [(k, seq) for k, seq, _ in scan.rows] == [("c", 1), ("c", 2), ("a", 3)]
+        assert orjson.loads(scan.rows[2][2]) == turn(cost=2.0).model_dump(mode="json")
+        assert scan.heads == {"a": 3, "c": 2}
+
+    async def test_scan_kinds_heads_survive_prune(self, store: EventStore) -> None:
+        await store.append_batch([ev("a", 1, turn()), ev("a", 2)])
+        mark = await store.last_ordinal()
+        assert await store.prune(ts(DAY3)) == 2
+        scan = await store.scan_kinds(["a"], {"turn_finished"})
+        assert scan.heads == {"a": 2} and scan.rows == []
+        # Never below the caller's mark, even when retention deleted the newest rows.
+        later = await store.scan_kinds(["a"], {"turn_finished"}, after_ordinal=mark, known=["a"])
+        assert later.last_ordinal >= mark and later.rows == [] and later.heads == {}
 
 
 class ConfigStoreConformance:

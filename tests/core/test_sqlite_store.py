@@ -273,6 +273,8 @@ async def test_unreadable_row_is_skipped(store: SqliteEventStore, db_path: Path)
         conn.close()
     assert [e.seq for e in await store.replay("a")] == [1, 3]
     assert [s.event.seq for s in await store.replay_fleet()] == [1, 3]
+    assert [r.seq for r in await store.replay_raw("a")] == [1, 3]
+    assert [r.seq for r in await store.replay_fleet_raw()] == [1, 3]
 
 
 async def test_newer_schema_is_refused(db_path: Path) -> None:

@@ -8,14 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from prospero.core import subscription
 from prospero.core.bus import InProcessBus
 from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
 from prospero.core.store.base import StoredEvent
 from prospero.core.store.sqlite import SqliteEventStore
-from prospero.core.subscription import GapSignal, follow_fleet, follow_stream
+from prospero.core.subscription import GapSignal, RawPage, follow_fleet, follow_stream
 from prospero.types.events import AgentFinished, FleetEvent, Output
 from tests.conformance.eventstore import ev
 from tests.support import wait_until
@@ -375,3 +377,94 @@ async def test_aclose_from_another_task_ends_a_waiting_consumer(rig: Rig) -> Non
     got = await asyncio.wait_for(consumer, 10)
     assert seqs(got) in ([], [1], [1, 2])
     assert rig.bus.subscriber_count() == 0
+
+
+# -- raw=True: history as JSON bytes, a page at a time -------------------------------------------
+
+
+def flat(items: list[Any]) -> list[tuple[int, bytes] | GapSignal]:
+    """Raw follower items as (cursor, JSON) per event, in order; gap signals kept."""
+    out: list[tuple[int, bytes] | GapSignal] = []
+    for i in items:
+        if isinstance(i, RawPage):
+            assert i.events, "a RawPage is never empty"
+            out += [(r.cursor, r.data) for r in i.events]
+        elif isinstance(i, FleetEvent):
+            out.append((i.seq, orjson.dumps(i.to_json())))
+        elif isinstance(i, StoredEvent):
+            out.append((i.ordinal, orjson.dumps(i.event.to_json())))
+        else:
+            out.append(i)
+    return out
+
+
+async def test_raw_follower_yields_the_same_events_as_bytes(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscription, "RAW_PAGE", 7)
+    await rig.emit("a", 30)
+    await rig.finish("a")
+    await rig.emit("a", 2, prefix="after")  # past the end: not delivered
+    await rig.emitter.flush()
+    for start in (0, 1, 5, 29):
+        plain = [i async for i in follow_stream(rig.store, rig.bus, "a", start)]
+        raw = [i async for i in follow_stream(rig.store, rig.bus, "a", start, raw=True)]
+        assert any(isinstance(i, RawPage) and len(i.events) > 1 for i in raw) or start == 29
+        assert flat(raw) == flat(plain), f"from {start}"
+        assert seqs(plain)[-1] == 31
+    assert rig.bus.subscriber_count() == 0
+
+
+async def test_raw_follower_joins_live_without_gap_or_duplicate(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscription, "RAW_PAGE", 16)
+    await rig.emit("a", 100, prefix="pre")
+    await rig.emitter.flush()
+    f = follow_stream(rig.store, rig.bus, "a", raw=True)
+    task = asyncio.create_task(_collect(f))  # type: ignore[arg-type]
+    for i in range(500):
+        await rig.emitter.emit("ws", "a", Output(chunk=f"live{i}"))
+        if i % 7 == 0:
+            await asyncio.sleep(0)
+    await rig.finish("a")
+    got = flat(await asyncio.wait_for(task, 10))
+    assert [c for c in got if isinstance(c, tuple)] == [
+        (e.seq, orjson.dumps(e.to_json())) for e in await rig.store.replay("a")
+    ]
+
+
+async def test_raw_paused_consumer_gets_gap_then_every_event_once(
+    tiny: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(subscription, "RAW_PAGE", 8)
+    await tiny.emit("a", 1)
+    await tiny.emitter.flush()
+    f = follow_stream(tiny.store, tiny.bus, "a", raw=True)
+    got: list[Any] = [await f.__anext__()]
+    await tiny.emit("a", 499)
+    await tiny.finish("a")
+    await tiny.emitter.flush()
+    got += [item async for item in f]
+    flattened = flat(got)
+    assert [g for g in flattened if isinstance(g, GapSignal)] == [
+        GapSignal(skipped=496, last_seq=5)
+    ]
+    assert [c[0] for c in flattened if isinstance(c, tuple)] == list(range(1, 502))
+
+
+async def test_raw_fleet_follower_and_lag_heal(tiny: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(subscription, "RAW_PAGE", 16)
+    await tiny.emit("a", 40)
+    await tiny.emitter.flush()
+    f = follow_fleet(tiny.store, tiny.bus, raw=True)
+    got: list[Any] = [await f.__anext__()]
+    assert isinstance(got[0], RawPage) and len(got[0].events) == 16
+    for agent in ("a", "b", "c"):
+        await tiny.emit(agent, 200)
+    await tiny.emitter.flush()
+    while len([c for c in flat(got) if isinstance(c, tuple)]) < 640:
+        got.append(await asyncio.wait_for(f.__anext__(), 10))
+    await f.aclose()
+    stored = await tiny.store.replay_fleet()
+    assert flat(got) == [(s.ordinal, orjson.dumps(s.event.to_json())) for s in stored]

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query
-from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.responses import Response
 
 from prospero.api.deps import ApiState, api_state
 from prospero.api.errors import InvalidRequest
 from prospero.api.responses import empty, errors, json_response
-from prospero.api.sse import StreamSession, encode_agent_item
+from prospero.api.sse import (
+    SSE_RESPONSES,
+    SseResponse,
+    StreamSession,
+    agent_frame,
+    encode_agent_item,
+)
 from prospero.core.errors import AgentNotFound
 from prospero.core.subscription import follow_stream
 from prospero.types.api import AdoptBody, AgentInputBody, RespawnedResponse
@@ -99,14 +104,16 @@ async def agent_events(
     from_: FromQuery = 0,
     limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
 ) -> Response:
-    events = await st.store.replay(agent_id, from_, limit)
+    # History leaves the store as JSON bytes, spliced into one array (never re-parsed).
+    events = await st.store.replay_raw(agent_id, from_, limit)
     if not events:
         try:
             st.manager.get_agent(agent_id)
         except AgentNotFound:
             if await st.store.high_water(agent_id) == 0:
                 raise
-    return json_response([e.to_json() for e in events])
+    body = b"[" + b",".join([e.data for e in events]) + b"]"
+    return Response(content=body, media_type="application/json")
 
 
 async def agent_session(
@@ -116,8 +123,8 @@ async def agent_session(
     bad = control_char_in_name(agent_id)
     if bad is not None:  # no agent can have such an id: refuse rather than wait forever
         raise InvalidRequest(f"agent id {describe_bad_char(*bad)}")
-    follower = follow_stream(st.store, st.bus, agent_id, start, close_on_finish=True)
-    session = st.hub.open(follower, encode_agent_item)
+    follower = follow_stream(st.store, st.bus, agent_id, start, close_on_finish=True, raw=True)
+    session = st.hub.open(follower, encode_agent_item, agent_frame)
     try:
         yield session
     finally:
@@ -127,7 +134,8 @@ async def agent_session(
 @router.get(
     "/api/agents/{agent_id}/stream",
     operation_id="streamAgentEvents",
-    response_class=EventSourceResponse,
+    response_class=Response,  # an SseResponse; documented as FastAPI documents SSE
+    responses=SSE_RESPONSES,
     summary="SSE: replay then tail one agent's events; closes after agent_finished",
     description=(
         "Each event is an unnamed message `data: <FleetEvent>` with `id: <seq>`. Resume with "
@@ -139,9 +147,8 @@ async def agent_session(
 )
 async def agent_stream(
     agent_id: str, session: Annotated[StreamSession, Depends(agent_session)]
-) -> AsyncIterable[ServerSentEvent]:
-    async for msg in session.messages():
-        yield msg
+) -> Response:
+    return SseResponse(session)
 
 
 @router.post(

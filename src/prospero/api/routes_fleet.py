@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query
-from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.responses import Response
 
 from prospero.api.deps import ApiState, api_state
 from prospero.api.errors import InvalidRequest
 from prospero.api.responses import clean_workspace, dump, errors, json_response
 from prospero.api.routes_agents import LAST_EVENT_ID_SCHEMA, FromQuery, parse_last_event_id
-from prospero.api.sse import StreamSession, encode_fleet_item, fleet_encoder_for
+from prospero.api.sse import (
+    SSE_RESPONSES,
+    SseResponse,
+    StreamSession,
+    encode_fleet_item,
+    fleet_encoder_for,
+    fleet_frame,
+    fleet_frame_for,
+)
 from prospero.core.store.base import UsageDay
 from prospero.core.subscription import follow_fleet
 from prospero.types.api import (
@@ -93,7 +100,8 @@ async def fleet_session(
     kinds: Annotated[frozenset[str] | None, Depends(kind_filter)],
 ) -> AsyncIterator[StreamSession]:
     encode = encode_fleet_item if kinds is None else fleet_encoder_for(kinds)
-    session = st.hub.open(follow_fleet(st.store, st.bus, after), encode)
+    frame = fleet_frame if kinds is None else fleet_frame_for(kinds)
+    session = st.hub.open(follow_fleet(st.store, st.bus, after, raw=True), encode, frame)
     try:
         yield session
     finally:
@@ -103,7 +111,8 @@ async def fleet_session(
 @router.get(
     "/api/stream",
     operation_id="streamFleetEvents",
-    response_class=EventSourceResponse,
+    response_class=Response,  # an SseResponse; documented as FastAPI documents SSE
+    responses=SSE_RESPONSES,
     summary="SSE: replay then tail every stream in store order",
     description=(
         "Each event is an unnamed message `data: <FleetEvent>` with `id: <store ordinal>`. "
@@ -115,9 +124,8 @@ async def fleet_session(
 )
 async def fleet_stream(
     session: Annotated[StreamSession, Depends(fleet_session)],
-) -> AsyncIterable[ServerSentEvent]:
-    async for msg in session.messages():
-        yield msg
+) -> Response:
+    return SseResponse(session)
 
 
 # ---------------------------------------------------------------------------------- usage

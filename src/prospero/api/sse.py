@@ -1,16 +1,21 @@
 """Server-Sent Events for the per-agent and fleet-wide streams.
 
-Served with FastAPI's native SSE support (`fastapi.sse.EventSourceResponse` + yielding
-`ServerSentEvent`), which can do everything needed on the wire: unnamed `data:` messages, `id:`
-lines, a named `gap` event, comment lines. No fallback to a hand-rolled StreamingResponse was
-needed. Two rough edges of the native support are worked around here:
+Served by `SseResponse` (a StreamingResponse of `StreamSession.chunks()`), not by FastAPI's
+native SSE (`EventSourceResponse` + yielded `ServerSentEvent`s), which costs one send through
+its producer/keep-alive streams and the middleware chain per event (issue 11). Here stored
+history arrives from the follower as JSON bytes a page at a time (`subscription.RawPage`,
+spliced by the store, never decoded into models) and leaves as one `http.response.body`
+message per batch of SSE frames: whatever is queued when the socket is ready goes out in one
+write (at most about MAX_WRITE bytes), live events included. The bytes are exactly what
+`format_sse_event` wrote for each event before. The OpenAPI entry is the one FastAPI writes for
+an SSE generator (`SSE_RESPONSES`). `messages()` (one ServerSentEvent per item) is kept for
+in-process consumers.
 
-* on a client disconnect the endpoint's generator is simply abandoned (not closed), so the
-  per-connection resources live in a `StreamSession` opened by a request-scoped yield
-  dependency, whose teardown releases them as soon as the response ends;
-* a disconnect from a busy stream makes FastAPI's keep-alive task raise
-  `ExceptionGroup[BrokenResourceError]`; `middleware.StreamDisconnectGuard` swallows exactly
-  that case so an ordinary disconnect is not logged as a server error.
+* on a client disconnect the response simply stops, so the per-connection resources live in a
+  `StreamSession` opened by a request-scoped yield dependency, whose teardown releases them as
+  soon as the response ends;
+* `middleware.StreamDisconnectGuard` still swallows a disconnect's
+  `ExceptionGroup[BrokenResourceError]`, should a stream raise one.
 
 Wire format
 -----------
@@ -40,14 +45,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
-from fastapi.sse import ServerSentEvent
+from fastapi.sse import ServerSentEvent, format_sse_event
+from starlette.responses import StreamingResponse
 
 from prospero.api.metrics_text import API_SSE_STREAMS
 from prospero.api.settings import ApiSettings
 from prospero.core.aio import wait_for
 from prospero.core.metrics import Metrics
 from prospero.core.store.base import StoredEvent
-from prospero.core.subscription import GapSignal
+from prospero.core.subscription import GapSignal, RawPage
 from prospero.types.events import FleetEvent
 
 log = logging.getLogger(__name__)
@@ -56,6 +62,101 @@ _END = object()
 _CLOSE = object()
 
 HEARTBEAT = ServerSentEvent(comment="heartbeat")
+HEARTBEAT_FRAME = b": heartbeat\n\n"
+# Bytes of frames joined into one socket write at most (a bigger batch waits for the next).
+MAX_WRITE = 1 << 20
+
+# The OpenAPI description of an SSE 200 (what FastAPI documents for a generator endpoint).
+SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Successful Response",
+        "content": {
+            "text/event-stream": {
+                "itemSchema": {
+                    "type": "object",
+                    "properties": {
+                        "data": {"type": "string"},
+                        "event": {"type": "string"},
+                        "id": {"type": "string"},
+                        "retry": {"type": "integer", "minimum": 0},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def _page_frames(pg: RawPage) -> bytes:
+    # == format_sse_event(data_str=<event JSON>, id=str(cursor)): the JSON has no line breaks.
+    return b"".join([b"data: %b\nid: %d\n\n" % (r.data, r.cursor) for r in pg.events])
+
+
+def _event_frame(ev: FleetEvent, cursor: int) -> bytes:
+    return b"data: %b\nid: %d\n\n" % (orjson.dumps(ev.to_json()), cursor)
+
+
+def _gap_frame(gap: GapSignal) -> bytes:
+    return b"event: gap\ndata: %b\n\n" % orjson.dumps(
+        {"skipped": gap.skipped, "last_seq": gap.last_seq}
+    )
+
+
+def agent_frame(item: Any) -> bytes | None:
+    """The SSE bytes of a per-agent follower item (`encode_agent_item`'s, formatted)."""
+    if type(item) is RawPage:
+        return _page_frames(item)
+    if isinstance(item, FleetEvent):
+        return _event_frame(item, item.seq)
+    if isinstance(item, GapSignal):
+        return _gap_frame(item)
+    return None
+
+
+def fleet_frame(item: Any) -> bytes | None:
+    """The SSE bytes of a fleet follower item (`encode_fleet_item`'s, formatted)."""
+    if type(item) is RawPage:
+        return _page_frames(item)
+    if isinstance(item, StoredEvent):
+        return _event_frame(item.event, item.ordinal)
+    if isinstance(item, GapSignal):
+        return _gap_frame(item)
+    return None
+
+
+def fleet_frame_for(kinds: frozenset[str]) -> Callable[[Any], bytes | None]:
+    """`fleet_frame` that drops events of other kinds (gap signals still pass)."""
+
+    def frame(item: Any) -> bytes | None:
+        if type(item) is RawPage:
+            events = [r for r in item.events if r.kind in kinds]
+            return _page_frames(RawPage(events)) if events else None
+        if isinstance(item, StoredEvent) and item.event.kind.kind not in kinds:
+            return None
+        return fleet_frame(item)
+
+    return frame
+
+
+def sse_bytes(msg: ServerSentEvent | None) -> bytes | None:
+    if msg is None:
+        return None
+    return format_sse_event(
+        data_str=msg.raw_data, event=msg.event, id=msg.id, retry=msg.retry, comment=msg.comment
+    )
+
+
+class SseResponse(StreamingResponse):
+    """`text/event-stream` of a session's `chunks()`, with the headers FastAPI's SSE sets."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, session: StreamSession) -> None:
+        super().__init__(
+            session.chunks(),
+            media_type=self.media_type,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
 
 def encode_agent_item(item: Any) -> ServerSentEvent | None:
@@ -110,11 +211,16 @@ class StreamSession:
         hub: StreamHub,
         source: Any,
         encode: Callable[[Any], ServerSentEvent | None],
+        frame: Callable[[Any], bytes | None] | None = None,
     ) -> None:
         self.hub = hub
         self.source = source
         self.encode = encode
+        self.frame = frame if frame is not None else (lambda item: sse_bytes(encode(item)))
         self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(1, hub.settings.stream_buffer))
+        # Set by the consumer whenever it took items: a `RawPage` (up to RAW_PAGE events) is
+        # queued only behind at most one other, so memory stays bounded by pages, not items.
+        self._taken = asyncio.Event()
         self.closed = False
         self._released = False
         self._task = asyncio.create_task(self._pump(), name="sse-pump")
@@ -122,6 +228,10 @@ class StreamSession:
     async def _pump(self) -> None:
         try:
             async for item in self.source:
+                if type(item) is RawPage:
+                    while self.queue.qsize() >= 2 and not self.closed:
+                        self._taken.clear()
+                        await self._taken.wait()
                 await self.queue.put(item)
         except asyncio.CancelledError:
             raise
@@ -134,6 +244,7 @@ class StreamSession:
     def stop(self) -> None:
         """Ask the consumer to finish (shutdown); it ends without draining the queue."""
         self.closed = True
+        self._taken.set()  # a pump waiting to queue a page sees `closed`
         with contextlib.suppress(asyncio.QueueFull):
             self.queue.put_nowait(_CLOSE)  # wakes a consumer blocked on an empty queue
 
@@ -152,6 +263,7 @@ class StreamSession:
                     quiet_since = loop.time()
                     yield HEARTBEAT
                     continue
+            self._taken.set()
             if item is _END or item is _CLOSE or self.closed:
                 return
             msg = self.encode(item)
@@ -164,6 +276,52 @@ class StreamSession:
                 quiet_since = loop.time()
                 yield HEARTBEAT
 
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The stream's bytes: every item queued by the time the socket is ready again goes
+        out as one chunk of SSE frames (at most about MAX_WRITE bytes); heartbeats as
+        `messages()` sends them."""
+        heartbeat = self.hub.settings.heartbeat_interval
+        queue = self.queue
+        frame = self.frame
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
+        while not self.closed:
+            try:
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    item = await wait_for(queue.get(), heartbeat)
+                except TimeoutError:
+                    quiet_since = loop.time()
+                    yield HEARTBEAT_FRAME
+                    continue
+            parts: list[bytes] = []
+            size = 0
+            end = False
+            while True:
+                if item is _END or item is _CLOSE or self.closed:
+                    end = True
+                    break
+                b = frame(item)
+                if b:
+                    parts.append(b)
+                    size += len(b)
+                    if size >= MAX_WRITE:
+                        break
+                try:
+                    item = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+            self._taken.set()
+            if parts:
+                quiet_since = loop.time()
+                yield parts[0] if len(parts) == 1 else b"".join(parts)
+            elif not end and loop.time() - quiet_since >= heartbeat:
+                quiet_since = loop.time()
+                yield HEARTBEAT_FRAME
+            if end:
+                return
+
     async def close(self) -> None:
         """Release everything (idempotent): pump task, follower, queued items, registration."""
         self.closed = True
@@ -171,6 +329,7 @@ class StreamSession:
             return
         self._released = True
         self.hub._release(self)
+        self._taken.set()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await wait_for(self._task, 5.0)
@@ -193,8 +352,13 @@ class StreamHub:
     def open_streams(self) -> int:
         return len(self._sessions)
 
-    def open(self, source: Any, encode: Callable[[Any], ServerSentEvent | None]) -> StreamSession:
-        session = StreamSession(self, source, encode)
+    def open(
+        self,
+        source: Any,
+        encode: Callable[[Any], ServerSentEvent | None],
+        frame: Callable[[Any], bytes | None] | None = None,
+    ) -> StreamSession:
+        session = StreamSession(self, source, encode, frame)
         self._sessions.add(session)
         self.metrics.add_gauge(API_SSE_STREAMS, 1)
         if self.closing:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from prospero.types.events import FleetEvent
 from prospero.types.model import AgentMeta, RegisteredWorkspace
@@ -18,6 +18,20 @@ class StoredEvent:
     event: FleetEvent
 
 
+class RawEvent(NamedTuple):
+    """A stored event as it leaves the store: its full JSON bytes, never decoded into models.
+
+    `data` is byte-identical to `orjson.dumps(event.to_json())` for the stored event (the
+    kind's JSON as serialised once at write time, spliced after `seq`, `ts`, `repo`,
+    `agent_id`); `cursor` is the event's `seq` from `replay_raw` and its store ordinal from
+    `replay_fleet_raw`; `kind` is the kind tag (for filters and the end of a stream)."""
+
+    cursor: int
+    seq: int
+    kind: str
+    data: bytes
+
+
 @dataclass(frozen=True, slots=True)
 class CursorMark:
     """A driver's resume state queued in order with the events it covers (the emitter's
@@ -26,6 +40,20 @@ class CursorMark:
 
     key: str
     data: bytes
+
+
+@dataclass(frozen=True)
+class KindScan:
+    """What `EventStore.scan_kinds` read, all of it in one consistent snapshot of the store.
+
+    `last_ordinal`: the store's last ordinal at the read (everything up to it is covered).
+    `heads`: stream -> `high_water` at that point, for the streams the scan says may have
+    changed (see `scan_kinds`). `rows`: (stream_key, seq, the kind's JSON as stored, UTF-8) of
+    the matching events, ascending by ordinal."""
+
+    last_ordinal: int
+    heads: dict[str, int]
+    rows: list[tuple[str, int, bytes]]
 
 
 @dataclass
@@ -89,8 +117,47 @@ class EventStore(Protocol):
         """All streams' events with ordinal > after_ordinal, in insertion order."""
         ...
 
+    async def replay_raw(
+        self,
+        stream_key: str,
+        from_seq: int = 0,
+        limit: int | None = None,
+        *,
+        kinds: Collection[str] | None = None,
+    ) -> list[RawEvent]:
+        """`replay`, as JSON bytes (`RawEvent`, cursor = seq): the same events, in the same
+        order, each `data` equal to `orjson.dumps(event.to_json())`."""
+        ...
+
+    async def replay_fleet_raw(
+        self, after_ordinal: int = 0, limit: int | None = None
+    ) -> list[RawEvent]:
+        """`replay_fleet`, as JSON bytes (`RawEvent`, cursor = ordinal)."""
+        ...
+
     async def high_water(self, stream_key: str) -> int:
         """Highest seq stored for the stream, 0 when none."""
+        ...
+
+    async def scan_kinds(
+        self,
+        streams: Collection[str],
+        kinds: Collection[str],
+        *,
+        after_ordinal: int = 0,
+        known: Collection[str] = (),
+    ) -> KindScan:
+        """One read for an incremental fold over many streams (the dashboard's totals), in one
+        consistent snapshot whose last ordinal is L (`last_ordinal`; never below
+        `after_ordinal`).
+
+        `known` (a subset of `streams`): streams whose events up to `after_ordinal` the caller
+        has already folded. `rows`: the events of `kinds` of every stream in `streams` with
+        ordinal in (after_ordinal, L], and those with ordinal <= after_ordinal of each stream
+        not in `known`, so every stream is complete up to L, ascending by ordinal. `heads`:
+        `high_water` at L of each stream not in `known`, and of each `known` stream that has
+        an event (of any kind) in (after_ordinal, L]; a known stream left out is unchanged
+        since after_ordinal. Costs what is new, not one round trip per stream."""
         ...
 
     async def last_ordinal(self) -> int: ...

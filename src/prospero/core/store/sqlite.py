@@ -59,11 +59,12 @@ from typing import Any, TypeVar
 import orjson
 
 from prospero.core.errors import SeqConflict, StoreError
-from prospero.core.store.base import CursorMark, StoredEvent, UsageDay
+from prospero.core.store.base import CursorMark, KindScan, RawEvent, StoredEvent, UsageDay
 from prospero.core.store.reduce import free_form_safe, needs_check, reduce_compact, reduce_kind
 from prospero.core.store.sqlite_db import LazySqliteStore, SqliteDb
 from prospero.types.events import (
     EVENT_KIND_ADAPTER,
+    EVENT_KIND_NAMES,
     AgentFinished,
     EventRun,
     FleetEvent,
@@ -131,6 +132,19 @@ _HIGH_WATER = (
     "SELECT max(coalesce((SELECT high_water FROM stream_heads WHERE stream_key = ?1), 0), "
     "coalesce((SELECT max(seq) FROM events WHERE stream_key = ?1), 0))"
 )
+
+
+# `_HIGH_WATER` of many streams in one statement (the keys bound as a VALUES list).
+def _high_waters_sql(n: int) -> str:
+    return (
+        "WITH k(key) AS (VALUES " + ",".join(["(?)"] * n) + ") SELECT key, "
+        "max(coalesce((SELECT high_water FROM stream_heads WHERE stream_key = key), 0), "
+        "coalesce((SELECT max(seq) FROM events WHERE stream_key = key), 0)) FROM k"
+    )
+
+
+# Streams bound per statement of `scan_kinds` (well under any host-parameter limit).
+_SCAN_CHUNK = 250
 
 # Before a prune chunk is deleted: fold its streams' max seq into stream_heads.
 _FOLD_PRUNED_HEADS = (
@@ -454,6 +468,45 @@ def _insert_bound(conn: sqlite3.Connection, rows: list[tuple[Any, ...]], per: in
     return last
 
 
+# The raw reads: the kind's JSON as stored (bytes, no UTF-8 round trip), spliced as it is.
+_SELECT_RAW_COLS = "seq, ts, repo, agent_id, kind_tag, CAST(kind AS BLOB)"
+
+# A kind's stored JSON begins with its tag (the discriminator is every kind model's first
+# field): checked instead of decoding, so a row the model would not read back is skipped, as
+# `_row_to_event` skips it.
+_KIND_PREFIX: dict[str, tuple[bytes, bytes]] = {
+    tag: (b'{"kind":' + orjson.dumps(tag) + b",", b'{"kind":' + orjson.dumps(tag) + b"}")
+    for tag in EVENT_KIND_NAMES
+}
+
+
+def _raw_events(rows: list[tuple[Any, ...]], by_ordinal: bool) -> list[RawEvent]:
+    """The rows' events as `FleetEvent.to_json()` JSON bytes (orjson's), spliced from the
+    stored columns: `{"seq":…,"ts":…,"repo":…,"agent_id":…,"kind":<stored JSON>}`."""
+    dumps = orjson.dumps
+    prefix = _KIND_PREFIX
+    heads: dict[tuple[str, str], bytes] = {}
+    out: list[RawEvent] = []
+    append = out.append
+    for row in rows:
+        if by_ordinal:
+            cursor, seq, ts, repo, agent_id, tag, kind = row
+        else:
+            seq, ts, repo, agent_id, tag, kind = row
+            cursor = seq
+        p = prefix.get(tag)
+        if p is None or not kind.startswith(p) or type(seq) is not int:
+            log.warning("skipping unreadable stored event (%r, seq %s)", agent_id or repo, seq)
+            continue
+        head = heads.get((repo, agent_id))
+        if head is None:
+            head = heads[(repo, agent_id)] = (
+                b',"repo":' + dumps(repo) + b',"agent_id":' + dumps(agent_id) + b',"kind":'
+            )
+        append(RawEvent(cursor, seq, tag, b'{"seq":%d,"ts":%b%b%b}' % (seq, dumps(ts), head, kind)))
+    return out
+
+
 def _row_to_event(row: tuple[Any, ...]) -> FleetEvent | None:
     seq, ts, repo, agent_id, kind = row
     try:
@@ -747,12 +800,121 @@ class SqliteEventStore:
 
         return await self._read(job, "replay_fleet")
 
+    async def replay_raw(
+        self,
+        stream_key: str,
+        from_seq: int = 0,
+        limit: int | None = None,
+        *,
+        kinds: Collection[str] | None = None,
+    ) -> list[RawEvent]:
+        tags = sorted(set(kinds)) if kinds is not None else None
+        if tags is not None and not tags:
+            return []
+
+        def job(conn: sqlite3.Connection) -> list[RawEvent]:
+            where = "" if tags is None else f" AND kind_tag IN ({','.join('?' * len(tags))})"
+            rows = conn.execute(
+                f"SELECT {_SELECT_RAW_COLS} FROM events WHERE stream_key = ? AND seq >= ?"
+                f"{where} ORDER BY seq LIMIT ?",
+                (stream_key, from_seq, *(tags or ()), -1 if limit is None else limit),
+            ).fetchall()
+            return _raw_events(rows, False)
+
+        return await self._read(job, "replay")
+
+    async def replay_fleet_raw(
+        self, after_ordinal: int = 0, limit: int | None = None
+    ) -> list[RawEvent]:
+        def job(conn: sqlite3.Connection) -> list[RawEvent]:
+            rows = conn.execute(
+                f"SELECT ordinal, {_SELECT_RAW_COLS} FROM events WHERE ordinal > ? "
+                "ORDER BY ordinal LIMIT ?",
+                (after_ordinal, -1 if limit is None else limit),
+            ).fetchall()
+            return _raw_events(rows, True)
+
+        return await self._read(job, "replay_fleet")
+
     async def high_water(self, stream_key: str) -> int:
         def job(conn: sqlite3.Connection) -> int:
             row = conn.execute(_HIGH_WATER, (stream_key,)).fetchone()
             return int(row[0]) if row and row[0] is not None else 0
 
         return await self._read(job, "high_water")
+
+    async def scan_kinds(
+        self,
+        streams: Collection[str],
+        kinds: Collection[str],
+        *,
+        after_ordinal: int = 0,
+        known: Collection[str] = (),
+    ) -> KindScan:
+        wanted = set(streams)
+        known_set = wanted.intersection(known)
+        fresh = sorted(wanted - known_set)
+        tags = sorted(set(kinds))
+        after = max(0, after_ordinal)
+        in_tags = ",".join("?" * len(tags))
+
+        def chunks(keys: list[str]) -> Iterator[list[str]]:
+            for i in range(0, len(keys), _SCAN_CHUNK):
+                yield keys[i : i + _SCAN_CHUNK]
+
+        def scan(conn: sqlite3.Connection) -> KindScan:
+            row = conn.execute("SELECT max(ordinal) FROM events").fetchone()
+            last = max(after, int(row[0]) if row and row[0] is not None else 0)
+            rows: list[tuple[str, int, bytes]] = []
+            if tags and fresh and after > 0:
+                # What the caller has not folded of its new streams, up to after_ordinal:
+                # through the (stream_key, seq) index (`+ordinal`: not a rowid range scan).
+                older: list[tuple[int, str, int, bytes]] = []
+                for part in chunks(fresh):
+                    older += conn.execute(
+                        "SELECT ordinal, stream_key, seq, CAST(kind AS BLOB) FROM events "
+                        f"WHERE stream_key IN ({','.join('?' * len(part))}) "
+                        f"AND +ordinal <= ? AND kind_tag IN ({in_tags})",
+                        (*part, after, *tags),
+                    ).fetchall()
+                older.sort()
+                rows += [(k, seq, kind) for _, k, seq, kind in older]
+            if tags and wanted and last > after:
+                # What is new, every stream: a rowid range, kind_tag tested before any JSON.
+                for k, seq, kind in conn.execute(
+                    "SELECT stream_key, seq, CAST(kind AS BLOB) FROM events "
+                    f"WHERE ordinal > ? AND ordinal <= ? AND kind_tag IN ({in_tags}) "
+                    "ORDER BY ordinal",
+                    (after, last, *tags),
+                ):
+                    if k in wanted:
+                        rows.append((k, seq, kind))
+            changed = list(fresh)
+            if known_set and last > after:
+                changed += [
+                    k
+                    for (k,) in conn.execute(
+                        "SELECT DISTINCT stream_key FROM events WHERE ordinal > ? AND ordinal <= ?",
+                        (after, last),
+                    )
+                    if k in known_set
+                ]
+            heads: dict[str, int] = {}
+            for part in chunks(changed):
+                for k, hw in conn.execute(_high_waters_sql(len(part)), part):
+                    heads[k] = int(hw)
+            return KindScan(last_ordinal=last, heads=heads, rows=rows)
+
+        def job(conn: sqlite3.Connection) -> KindScan:
+            # One read transaction: every statement sees the same snapshot (WAL).
+            conn.execute("BEGIN")
+            try:
+                return scan(conn)
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+
+        return await self._read(job, "scan_kinds")
 
     async def last_ordinal(self) -> int:
         def job(conn: sqlite3.Connection) -> int:
