@@ -97,3 +97,12 @@ async def test_a_killed_agents_finished_turns_stay_counted(stack: Stack) -> None
     assert {k: got[k] for k in want} == want
     assert (got["turns"], got["input_tokens"], got["output_tokens"]) == (1, 10, 1)
     assert got["outcome"] == "killed"
+
+
+async def test_agents_are_listed_in_fleet_order(stack: Stack) -> None:
+    await stack.add_workspace("alpha")  # sorts before "ws"
+    ids = [await stack.spawn(ws=w) for w in ("ws", "alpha", "ws", "alpha")]
+    fleet = (await stack.client.get("/api/fleet")).json()
+    order = [a["id"] for ws in fleet["workspaces"] for a in ws["agents"]]
+    assert sorted(order) == sorted(ids)
+    assert list((await summary(stack))["agents"]) == order

@@ -19,30 +19,37 @@ are also registered as routes by `install_routes` (so the app lists `/`).
 
 `GET /api/dashboard/summary` (behind auth like any API call) gives what the fleet overview
 needs beyond `/api/fleet`: per-agent token/cost/turn totals folded from the agents' stored
-turn events (per turn, like /api/usage; the finish event gives the outcome) (filtered by kind in the store, cached per agent with the stream's
-high-water mark, so refreshes only read new events) and the
-store's last ordinal, where the fleet SSE stream is resumed from.
+turn events (per turn, like /api/usage; the finish event gives the outcome) and the
+store's last ordinal, where the fleet SSE stream is resumed from. The totals are kept
+incrementally against the store's ordinal (`TotalsCache`): a refresh is one
+`EventStore.scan_kinds` read of what was stored since the last one (only the folded kinds,
+filtered in the store, folded from their stored JSON without building models), so an idle
+fleet's refresh costs one small query whatever the number of agents, never one round trip per
+agent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import mimetypes
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prospero.api.deps import ApiState, api_state
-from prospero.api.responses import json_response
 from prospero.core.store.base import EventStore
 from prospero.types.events import AgentFinished, FleetEvent, TurnFinished
+
+log = logging.getLogger(__name__)
 
 
 def content_security_policy(script_src: str = "'self'") -> str:
@@ -250,33 +257,95 @@ def fold(totals: AgentTotals, events: list[FleetEvent]) -> None:
             totals.model = k.model or totals.model
 
 
+# One agent's totals as the body carries them: `AgentTotals`' JSON form, in its field order
+# (the cache keeps and writes these dicts directly; `AgentTotals` documents them).
+_EMPTY_TOTALS: dict[str, Any] = AgentTotals().model_dump(mode="json")
+
+
+def _nadd_int(a: int | None, b: Any) -> int | None:
+    if type(b) is not int:
+        return a
+    return (a or 0) + b
+
+
+def fold_row(totals: dict[str, Any], seq: int, raw: bytes) -> None:
+    """`fold` of one stored event given as its kind's JSON (`EventStore.scan_kinds` rows):
+    the same totals, without building the models. A row that is not a readable kind is
+    skipped (as the store's replay skips it)."""
+    try:
+        k = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        log.warning("dashboard totals: skipping unreadable stored event (seq %s)", seq)
+        return
+    if type(k) is not dict:
+        return
+    if seq > totals["seq"]:
+        totals["seq"] = seq
+    tag = k.get("kind")
+    if tag == "turn_finished":
+        totals["turns"] += 1
+        totals["model"] = k.get("model") or totals["model"]
+        usage = k.get("usage")
+        if type(usage) is dict:
+            totals["input_tokens"] = _nadd_int(totals["input_tokens"], usage.get("input_tokens"))
+            totals["output_tokens"] = _nadd_int(totals["output_tokens"], usage.get("output_tokens"))
+        cost = k.get("cost_usd")
+        if type(cost) is float or type(cost) is int:
+            totals["cost_usd"] = round((totals["cost_usd"] or 0.0) + cost, 10)
+    elif tag == "agent_finished":
+        totals["outcome"] = k.get("outcome") or None
+        totals["model"] = k.get("model") or totals["model"]
+
+
 @dataclass
 class TotalsCache:
-    agents: dict[str, AgentTotals] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    page: int = 2000
+    """Per-agent totals kept incrementally against the store's ordinal: each refresh is one
+    `scan_kinds` read of what was stored since the last one (the folded kinds of every
+    stream, the heads of the streams that moved), plus, for an agent seen for the first
+    time, its older folded events. An idle fleet's refresh costs one small query, whatever
+    the number of agents."""
 
-    async def refresh(self, store: EventStore, agent_ids: list[str]) -> dict[str, AgentTotals]:
+    agents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ordinal: int = 0  # every tracked agent is folded up to this store ordinal
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def refresh(
+        self, store: EventStore, agent_ids: list[str]
+    ) -> tuple[int, dict[str, dict[str, Any]]]:
+        """(the store's last ordinal the totals cover, agent id -> a copy of its totals in
+        `AgentTotals`' JSON form), in `agent_ids` order."""
         async with self.lock:
-            keep = set(agent_ids)
+            ids = list(dict.fromkeys(agent_ids))
+            keep = set(ids)
             for gone in [a for a in self.agents if a not in keep]:
                 del self.agents[gone]
-            for agent_id in agent_ids:
-                totals = self.agents.setdefault(agent_id, AgentTotals())
-                # Everything up to `head` is stored now; only the folded kinds are read.
-                head = await store.high_water(agent_id)
-                if head <= totals.seq:
-                    continue
-                while True:
-                    batch = await store.replay(
-                        agent_id, totals.seq + 1, self.page, kinds=FOLDED_KINDS
-                    )
-                    if batch:
-                        fold(totals, batch)
-                    if len(batch) < self.page:
-                        break
-                totals.seq = max(totals.seq, head)
-            return {a: self.agents[a].model_copy() for a in agent_ids}
+            known = list(self.agents)
+            scan = await store.scan_kinds(
+                ids,
+                FOLDED_KINDS,
+                after_ordinal=self.ordinal if known else 0,
+                known=known,
+            )
+            agents = self.agents
+            for agent_id in ids:
+                if agent_id not in agents:
+                    agents[agent_id] = dict(_EMPTY_TOTALS)
+            for agent_id, seq, raw in scan.rows:
+                fold_row(agents[agent_id], seq, raw)
+            for agent_id, head in scan.heads.items():
+                totals = agents.get(agent_id)
+                if totals is not None and head > totals["seq"]:
+                    totals["seq"] = head
+            self.ordinal = max(self.ordinal, scan.last_ordinal)
+            return scan.last_ordinal, {a: dict(agents[a]) for a in ids}
+
+
+async def render_summary(store: EventStore, agent_ids: list[str], cache: TotalsCache) -> Response:
+    """The summary body (`DashboardSummary`'s JSON) for these agents, refreshing `cache`."""
+    last, totals = await cache.refresh(store, agent_ids)
+    return Response(
+        orjson.dumps({"last_ordinal": last, "agents": totals}), media_type="application/json"
+    )
 
 
 def _cache(request: Request) -> TotalsCache:
@@ -297,18 +366,14 @@ State = Annotated[ApiState, Depends(api_state)]
     response_model=DashboardSummary,
     summary="Dashboard helper: per-agent token/cost/turn totals and the fleet stream position",
     description=(
-        "`last_ordinal` is read first: resume `GET /api/stream?from=last_ordinal+1` to see "
-        "everything after it. Totals cover each agent's events up to its `seq`; a live event "
+        "`last_ordinal` is read with the totals, in the same snapshot: resume "
+        "`GET /api/stream?from=last_ordinal+1` to see everything after it. Totals cover each agent's events up to its `seq`; a live event "
         "with a higher seq is not yet in the totals."
     ),
 )
 async def summary(st: State, request: Request) -> Response:
-    store = st.store
-    last = await store.last_ordinal()
-    snapshot = st.manager.snapshot()
-    ids = [a.id for ws in snapshot.workspaces for a in ws.agents]
-    totals = await _cache(request).refresh(store, ids)
-    return json_response(DashboardSummary(last_ordinal=last, agents=totals))
+    # The snapshot's agents, in its order, without building 500 agent views.
+    return await render_summary(st.store, st.manager.agent_ids(), _cache(request))
 
 
 __all__ = ["CSP", "DashboardAssets", "asset_response", "install_routes", "load_assets", "router"]
