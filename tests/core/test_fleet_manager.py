@@ -629,3 +629,29 @@ async def test_a_terminal_agent_whose_run_never_ended_is_concluded_once(
         assert (agent.status, agent.outcome) == (AgentStatus.killed, "killed")
     finally:
         await s.stop()
+
+
+def test_a_quiet_workspace_backs_off_and_any_activity_resets_it() -> None:
+    """Issue 11 (idle cost): the poll interval stays at `poll_interval` while the workspace
+    changed within `poll_quiet_after`, then grows with the quiet time up to
+    `poll_interval * poll_idle_backoff`; `_touch` (an event, an API action, a driver run
+    ending) brings the next poll back within `poll_interval`."""
+    import time
+
+    config = FleetConfig(poll_interval=1.0, poll_idle_backoff=8.0, poll_quiet_after=10.0)
+    manager = FleetManager.__new__(FleetManager)
+    manager.config = config
+    manager._slots = {}
+    manager._changed_at = {"w": 100.0}
+    manager._due = {}
+    manager._wake = asyncio.Event()
+    assert manager._interval("w", 105.0) == 1.0  # changed recently
+    assert manager._interval("w", 112.0) == 6.0  # quiet for 12 s
+    assert manager._interval("w", 200.0) == 8.0  # capped
+    manager._due["w"] = time.monotonic() + 8.0
+    manager._touch("w")
+    assert manager._due["w"] <= time.monotonic() + 1.0 and manager._wake.is_set()
+    assert manager._interval("w", time.monotonic()) == 1.0
+    fixed = FleetConfig(poll_interval=1.0, poll_idle_backoff=1.0)
+    manager.config = fixed
+    assert manager._interval("w", 1e9) == 1.0  # 1.0 = the old fixed cadence

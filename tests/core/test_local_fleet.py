@@ -60,3 +60,16 @@ async def test_autostart_off_reports_clear_error(harness: LocalHarness) -> None:
     other = RegisteredWorkspace(name="ghost", root="/nonexistent/ghost-root")
     with pytest.raises(CalibandUnreachable, match="autostart is off"):
         await harness.provider.list_agents(other)
+
+
+async def test_an_unchanged_listing_is_not_decoded_again(harness: LocalHarness) -> None:
+    """Issue 11 (idle cost): a `list` reply byte-identical to the last one returns the same
+    records; any change in caliband's reply is decoded afresh."""
+    reply = await harness.provider.spawn(harness.workspace, harness.long_running_spec())
+    first = await harness.provider.list_agents(harness.workspace)
+    again = await harness.provider.list_agents(harness.workspace)
+    assert [r.id for r in again] == [r.id for r in first]
+    assert all(a is b for a, b in zip(again, first, strict=True))
+    harness.env.fake.set_status(reply.id, "idle")
+    changed = {r.id: r for r in await harness.provider.list_agents(harness.workspace)}
+    assert changed[reply.id].status.value == "idle"

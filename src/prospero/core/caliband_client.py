@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import TypeVar
 
 import orjson
@@ -72,6 +73,10 @@ class CalibandClient:
         return f"CalibandClient({describe(self.endpoint)})"
 
     async def _call(self, req: BaseModel, expect: type[R]) -> R:
+        return self._decode(await self._exchange(req), expect)
+
+    async def _exchange(self, req: BaseModel) -> bytes:
+        """Dial, send `req`, return the reply line as received."""
         try:
             reader, writer = await open_endpoint(self.endpoint, self.security)
         except TransportError as e:
@@ -95,6 +100,9 @@ class CalibandClient:
                 f"caliband at {describe(self.endpoint)} closed the connection before replying "
                 "(wrong token or TLS trust?)"
             )
+        return line
+
+    def _decode(self, line: bytes, expect: type[R]) -> R:
         try:
             reply = CTL_REPLY_ADAPTER.validate_python(orjson.loads(line))
         except (orjson.JSONDecodeError, ValidationError) as e:
@@ -113,6 +121,16 @@ class CalibandClient:
 
     async def list(self) -> list[AgentRecord]:
         return (await self._call(ListReq(), ListedReply)).agents
+
+    async def list_unless(
+        self, previous: bytes | None
+    ) -> tuple[bytes, builtins.list[AgentRecord] | None]:
+        """The `list` reply line and its agents; None instead of the agents when the line is
+        byte-identical to `previous` (nothing changed: no decoding)."""
+        line = await self._exchange(ListReq())
+        if previous is not None and line == previous:
+            return line, None
+        return line, self._decode(line, ListedReply).agents
 
     async def spawn(self, spec: SpawnSpec) -> SpawnedReply:
         return await self._call(SpawnReq(spec=spec), SpawnedReply)

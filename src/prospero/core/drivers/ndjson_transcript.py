@@ -23,6 +23,11 @@ from prospero.core.transport import READ_CHUNK, OversizedLine
 
 log = logging.getLogger("prospero.core.drivers.ndjson")
 
+# Transcript tail mode on a quiet stream (issue 11: idle agents cost ~nothing): after this many
+# seconds without a bell or a line, the timed looks at the file back off, up to TAIL_IDLE_POLL.
+TAIL_QUIET_AFTER = 5.0
+TAIL_IDLE_POLL = 120.0
+
 
 class TranscriptReading:
     """The transcript half of NdjsonDriver (a mixin: the driver provides the state and the
@@ -78,6 +83,7 @@ class TranscriptReading:
         drainer = asyncio.create_task(drain_socket(), name=f"ndjson-bell-{agent}")
         got_new = False
         terminal_at: float | None = None
+        busy_at = time.monotonic()  # the last bell or new line (the replay rings at once)
         try:
             while not self._closing:
                 bell.clear()
@@ -88,6 +94,7 @@ class TranscriptReading:
                     log.warning("agent %s: transcript read failed: %s", agent, e.detail)
                     break
                 if batch:
+                    busy_at = time.monotonic()
                     if await self._take(batch, positional=True):
                         got_new = True
                     await asyncio.sleep(0)
@@ -100,13 +107,36 @@ class TranscriptReading:
                     if time.monotonic() - terminal_at > self.terminal_eof_timeout:
                         log.info("agent %s: no EOF after the terminal event; done", agent)
                         break
-                with contextlib.suppress(TimeoutError):
-                    await wait_for(bell.wait(), self.transcript_poll)
+                busy_at = await self._tail_wait(bell, tail, busy_at)
         finally:
             drainer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await drainer
         return got_new
+
+    async def _tail_wait(self, bell: asyncio.Event, tail: Transcript, busy_at: float) -> float:
+        """Wait for the socket's bell or the next look at the file; returns the new `busy_at`.
+
+        While the stream is busy (a bell or a line within `TAIL_QUIET_AFTER`) or ending, the
+        file is looked at every `transcript_poll` (a line may reach the socket before the
+        file). On a quiet stream the timed looks back off (twice the quiet time, up to
+        `TAIL_IDLE_POLL`) and one that finds the file no longer than what was read costs an
+        fstat, not a thread hop: an idle agent costs (almost) nothing until its socket rings.
+        """
+        while True:
+            quiet = time.monotonic() - busy_at
+            fast = self._terminal or quiet < TAIL_QUIET_AFTER
+            timeout = (
+                self.transcript_poll
+                if fast
+                else min(TAIL_IDLE_POLL, max(self.transcript_poll, 2 * quiet))
+            )
+            with contextlib.suppress(TimeoutError):
+                await wait_for(bell.wait(), timeout)
+            if bell.is_set():
+                return time.monotonic()
+            if fast or self._closing or tail.grew():
+                return busy_at
 
     async def _open_tail(self) -> Transcript | None:
         """The transcript positioned after our last line, when it is readable and agrees with

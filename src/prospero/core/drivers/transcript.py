@@ -70,6 +70,16 @@ class Transcript:
                 os.close(self._fd)
             self._fd = None
 
+    def grew(self) -> bool:
+        """Whether the file may hold bytes past what was read: one fstat, no read (True when
+        it cannot tell). Cheap enough to call on the event loop."""
+        if self._fd is None:
+            return True
+        try:
+            return os.fstat(self._fd).st_size > self.offset
+        except OSError:
+            return True
+
     def _pread(self, n: int, pos: int) -> bytes:
         assert self._fd is not None
         try:

@@ -47,6 +47,9 @@ class LocalFleet:
         self.config = config or LocalFleetConfig()
         self._process_env = process_env
         self._clients: dict[str, CalibandClient] = {}
+        # Per workspace: the last `list` reply line and its records. An identical reply (an
+        # idle fleet) returns the same records without decoding ~0.5 KB per agent again.
+        self._listings: dict[str, tuple[bytes, list[AgentRecord]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     def security(self, ws: RegisteredWorkspace) -> NetworkSecurity | None:
@@ -79,11 +82,18 @@ class LocalFleet:
 
     async def list_agents(self, ws: RegisteredWorkspace) -> list[AgentRecord]:
         client = await self._client(ws)
+        cached = self._listings.get(ws.name)
         try:
-            return await client.list()
+            line, records = await client.list_unless(cached[0] if cached else None)
         except (CalibandUnreachable, TransportError):
             self._clients.pop(ws.name, None)  # rediscover (and maybe autostart) next time
+            self._listings.pop(ws.name, None)
             raise
+        if records is None:
+            assert cached is not None
+            return list(cached[1])
+        self._listings[ws.name] = (line, records)
+        return list(records)
 
     async def spawn(self, ws: RegisteredWorkspace, spec: SpawnSpec) -> SpawnedReply:
         return await (await self._client(ws)).spawn(spec)
@@ -111,6 +121,7 @@ class LocalFleet:
         with contextlib.suppress(CalibandUnreachable, TransportError):
             await client.shutdown()
         self._clients.pop(ws.name, None)
+        self._listings.pop(ws.name, None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.startup_timeout
         while loop.time() < deadline:
@@ -124,6 +135,8 @@ class LocalFleet:
 
     async def forget(self, ws_name: str) -> None:
         self._clients.pop(ws_name, None)
+        self._listings.pop(ws_name, None)
 
     async def close(self) -> None:
         self._clients.clear()
+        self._listings.clear()

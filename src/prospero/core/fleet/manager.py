@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from prospero.core import metrics as m
 from prospero.core.aio import wait_for
@@ -94,7 +95,7 @@ class _AgentSink:
     (`Emitter.emit_many`). With an emitter that has no batch path, the events are emitted one
     by one, flushed, and the cursor saved on its own afterwards (`cursor_store`)."""
 
-    __slots__ = ("agent_id", "cursor_store", "emitter", "repo")
+    __slots__ = ("agent_id", "cursor_store", "emitter", "on_activity", "repo")
 
     def __init__(
         self,
@@ -102,13 +103,19 @@ class _AgentSink:
         repo: str,
         agent_id: str,
         cursor_store: CursorStoreLike | None = None,
+        on_activity: Callable[[], None] | None = None,
     ) -> None:
         self.emitter = emitter
         self.repo = repo
         self.agent_id = agent_id
         self.cursor_store = cursor_store
+        # Told of every event the driver hands over: the workspace is busy (poll it at the
+        # configured interval, its agents' status may change any moment).
+        self.on_activity = on_activity
 
     async def __call__(self, kind: EventKind) -> None:
+        if self.on_activity is not None:
+            self.on_activity()
         await self.emitter.emit(self.repo, self.agent_id, kind)
 
     async def flush(self) -> None:
@@ -117,6 +124,8 @@ class _AgentSink:
         await self.emitter.flush()
 
     async def emit_batch(self, kinds: list[CompactKind], cursor: bytes | None = None) -> None:
+        if kinds and self.on_activity is not None:
+            self.on_activity()
         emit_many = getattr(self.emitter, "emit_many", None)
         if emit_many is not None:
             if cursor is None:
@@ -179,6 +188,11 @@ class FleetManager(AgentOperations, RunEnding):
         self._registry_lock = asyncio.Lock()
         self._poll_locks: dict[str, asyncio.Lock] = {}
         self._poll_task: asyncio.Task[None] | None = None
+        # Poll scheduling per workspace (idle backoff, `FleetConfig.poll_idle_backoff`): when
+        # it last changed or saw activity, and when the poll loop looks at it next.
+        self._changed_at: dict[str, float] = {}
+        self._due: dict[str, float] = {}
+        self._wake = asyncio.Event()  # a backed-off workspace became busy: reschedule now
         self._closing_tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._started = time.monotonic()
@@ -211,14 +225,63 @@ class FleetManager(AgentOperations, RunEnding):
                 await close()
 
     async def _poll_loop(self) -> None:
+        """Every `poll_interval`: reload the registry, poll the workspaces that are due, close
+        stale drivers. A quiet workspace is due less often (`_interval`); one that becomes busy
+        (`_touch`) is due again within `poll_interval`."""
         while not self._stopping:
+            self._wake.clear()
             try:
-                await self.poll_once()
+                await self._poll_due()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a poll cycle must never kill the loop
                 log.exception("poll cycle failed")
-            await asyncio.sleep(self.config.poll_interval)
+            now = time.monotonic()
+            timeout = min([self.config.poll_interval, *(d - now for d in self._due.values())])
+            with contextlib.suppress(TimeoutError):
+                await wait_for(self._wake.wait(), max(0.0, timeout))
+
+    async def _poll_due(self) -> None:
+        await self._reload_registry()
+        for name in list(self._workspaces):
+            if self._stopping:
+                return
+            if self._due.get(name, 0.0) > time.monotonic():
+                continue
+            await self._poll(name)
+            now = time.monotonic()
+            self._due[name] = now + self._interval(name, now)
+        self._close_stale_drivers()
+
+    def _touch(self, name: str) -> None:
+        """Something happened in the workspace (an agent event, an API action, a driver run
+        ended): poll it at the configured interval again, starting now."""
+        now = time.monotonic()
+        self._changed_at[name] = now
+        due = self._due.get(name)
+        if due is not None and due > now + self.config.poll_interval:
+            self._due[name] = now + self.config.poll_interval
+            self._wake.set()
+
+    def _interval(self, name: str, now: float) -> float:
+        """The workspace's next poll interval: `poll_interval` while anything changed in the
+        last `poll_quiet_after` seconds or a terminal grace is running; after that half the
+        time it has been quiet, up to `poll_interval * poll_idle_backoff`."""
+        base = self.config.poll_interval
+        cap = base * self.config.poll_idle_backoff
+        quiet = now - self._changed_at.setdefault(name, now)
+        if cap <= base or quiet < self.config.poll_quiet_after or self._grace_running(name):
+            return base
+        return min(cap, max(base, quiet / 2))
+
+    def _grace_running(self, name: str) -> bool:
+        return any(
+            s.workspace == name
+            and s.terminal_since is not None
+            and s.task is not None
+            and not s.task.done()
+            for s in self._slots.values()
+        )
 
     async def _reload_registry(self) -> None:
         async with self._registry_lock:
@@ -242,24 +305,37 @@ class FleetManager(AgentOperations, RunEnding):
     # ------------------------------------------------------------------ polling
 
     async def poll_workspace(self, name: str) -> None:
+        """Poll the workspace now (after an API action: it is busy from now on)."""
+        self._touch(name)
+        await self._poll(name)
+
+    async def _poll(self, name: str) -> None:
         ws = self._workspaces.get(name)
         if ws is None:
             return
         lock = self._poll_locks.setdefault(name, asyncio.Lock())
         async with lock:
             self.metrics.inc(m.REPOS_POLLED)
+            health = self._health.get(name)
             try:
                 records = await self.provider.list_agents(ws)
             except (CalibandUnreachable, TransportError, ProtocolError) as e:
                 self.metrics.inc(m.POLL_FAILURES)
                 await self._set_health(name, Unreachable(reason=str(e)))
+                if not isinstance(health, Unreachable):
+                    self._touch(name)
                 return
             except ProsperoError as e:
                 self.metrics.inc(m.POLL_FAILURES)
                 await self._set_health(name, Unreachable(reason=str(e)))
+                if not isinstance(health, Unreachable):
+                    self._touch(name)
                 return
             await self._set_health(name, Healthy())
+            listed = self._listed.get(name)
             await self._reconcile(ws, records)
+            if not isinstance(health, Healthy) or listed != self._listed.get(name):
+                self._touch(name)
 
     async def _set_health(self, name: str, health: WorkspaceHealth) -> None:
         prev = self._health.get(name)
@@ -396,7 +472,10 @@ class FleetManager(AgentOperations, RunEnding):
         async def resolve() -> Endpoint:
             return await self.provider.attach(ws, agent_id)
 
-        sink = _AgentSink(self.emitter, ws.name, agent_id, self.store)
+        workspace = ws.name
+        sink = _AgentSink(
+            self.emitter, ws.name, agent_id, self.store, on_activity=lambda: self._touch(workspace)
+        )
 
         target = DriverTarget(
             agent_id=agent_id,
@@ -432,6 +511,13 @@ class FleetManager(AgentOperations, RunEnding):
         self.metrics.add_gauge(m.ACTIVE_ATTACHES, 1)
         run = self._run_catchup if slot.catchup else self._run_driver
         slot.task = asyncio.create_task(run(rec.id, driver), name=f"driver-{rec.id}")
+        # A run that ends (finished, gave up, closed) changes what the next poll does.
+        workspace = ws.name
+
+        def ended(_task: asyncio.Task[DriverExit]) -> None:
+            self._touch(workspace)
+
+        slot.task.add_done_callback(ended)
 
     async def _run_catchup(self, agent_id: str, driver: AgentDriver) -> DriverExit:
         """A catch-up run waits for its turn (bounded concurrency); its grace starts then."""
@@ -552,6 +638,19 @@ class FleetManager(AgentOperations, RunEnding):
             )
         return FleetSnapshot(host=self.config.host, workspaces=out)
 
+    def agent_ids(self) -> list[str]:
+        """The ids of the agents `snapshot()` lists, in its order (workspaces by name, each
+        one's agents by start time), without building the views (the dashboard summary)."""
+        by_ws: dict[str, list[AgentRecord]] = {name: [] for name in self._workspaces}
+        for s in self._slots.values():
+            recs = by_ws.get(s.workspace)
+            if recs is not None and s.record is not None:
+                recs.append(s.record)
+        out: list[str] = []
+        for name in sorted(by_ws):
+            out += [r.id for r in sorted(by_ws[name], key=lambda r: r.started_at)]
+        return out
+
     def list_workspaces(self) -> list[WorkspaceSummary]:
         return [
             WorkspaceSummary(
@@ -617,6 +716,8 @@ class FleetManager(AgentOperations, RunEnding):
         self._workspaces.pop(name, None)
         self._health.pop(name, None)
         self._listed.pop(name, None)
+        self._due.pop(name, None)
+        self._changed_at.pop(name, None)
         for agent_id, slot in list(self._slots.items()):
             if slot.workspace == name:
                 slot.record = None

@@ -65,6 +65,12 @@ class DriverFactory(Protocol):
 class FleetConfig:
     host: str = "local"
     poll_interval: float = 2.0
+    # A quiet workspace (no listing change, no agent event, no API action, no driver ending,
+    # no grace running for `poll_quiet_after` seconds) is polled less often: its interval grows
+    # with how long it has been quiet (half of it), up to `poll_interval * poll_idle_backoff`.
+    # Anything of the above resets it to `poll_interval` at once. 1.0 = the fixed cadence.
+    poll_idle_backoff: float = 8.0
+    poll_quiet_after: float = 10.0
     include_thinking: bool = True
     rate_card: RateCard = field(default_factory=RateCard)
     backoff_base: float = 0.2
