@@ -173,6 +173,14 @@ class InProcessBus:
     def subscriber_count(self) -> int:
         return len(self._all) + sum(len(s) for s in self._by_key.values())
 
+    def wants(self, stream_key: str) -> bool:
+        """Whether publishing an event of this stream now would reach anyone: False lets a
+        publisher (the emitter) skip building the event at all. Always True when `publish` is
+        overridden (a subclass or a patched instance then sees every item)."""
+        if type(self).publish is not InProcessBus.publish or "publish" in vars(self):
+            return True
+        return not self._closed and (bool(self._all) or stream_key in self._by_key)
+
     def close(self) -> None:
         """End every subscription (after it drains what it already holds)."""
         self._closed = True

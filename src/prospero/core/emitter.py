@@ -547,9 +547,15 @@ class Emitter:
     def _publish(self, inf: _InFlight, ordinals: list[int]) -> None:
         self.metrics.inc(EVENTS_APPENDED, inf.size)
         publish = self.bus.publish
+        # A bus that can tell nobody would get a stream's events (no watcher: the usual case
+        # while ingesting) spares building them: the models are only ever built to publish.
+        wants = getattr(self.bus, "wants", None)
         i = 0
         for e in inf.entries:
             if type(e) is EventRun:
+                if wants is not None and not wants(e.stream_key):
+                    i += len(e)
+                    continue
                 # One model at a time: a materialised run would hold thousands of live objects
                 # (each batch would then push its events through the GC generations).
                 for ev in e.iter_events():

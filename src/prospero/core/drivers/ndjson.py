@@ -389,6 +389,22 @@ class NdjsonDriver(TranscriptReading, ReconnectingDriver):
         return await self._take_batch(batch, positional)
 
     async def _take_batch(self, batch: list[bytes | OversizedLine], positional: bool) -> bool:
+        if all(type(x) is bytes for x in batch):
+            # The usual read: no oversized line. One pass to know it, then bulk work only.
+            digests = line_digests(cast(list[bytes], batch))
+            lines: list[bytes | None] = list(batch)  # type: ignore[arg-type]
+            if positional:
+                self.cursor.commit_many(digests)
+                self.transcript_lines += len(lines)
+                if not lines:
+                    return False
+                await self._process(None, lines)
+                return True
+            gap, new = self.cursor.push_many(digests, lines)
+            if gap is None and not new:
+                return False
+            await self._process(gap, new)
+            return bool(new)
         payloads: list[bytes | None] = [
             None if isinstance(x, OversizedLine) else x for x in batch
         ]
@@ -406,14 +422,8 @@ class NdjsonDriver(TranscriptReading, ReconnectingDriver):
                 return False
             await self._process(None, payloads)
             return True
-        if all(type(x) is bytes for x in batch):
-            good = cast(list[bytes], batch)
-            gap, new = self.cursor.push_many(line_digests(good), payloads)
-        else:
-            digests = [
-                x.digest if isinstance(x, OversizedLine) else line_digest(x) for x in batch
-            ]
-            gap, new = self.cursor.push_many(digests, payloads)
+        digests = [x.digest if isinstance(x, OversizedLine) else line_digest(x) for x in batch]
+        gap, new = self.cursor.push_many(digests, payloads)
         if gap is None and not new:
             return False
         await self._process(gap, new)
