@@ -13,7 +13,7 @@ import pytest
 from fastapi.sse import format_sse_event
 
 from prospero.api.settings import ApiSettings
-from prospero.api.sse import HEARTBEAT, StreamHub, fleet_encoder_for
+from prospero.api.sse import HEARTBEAT_FRAME, StreamHub, fleet_frame_for
 from prospero.core import subscription
 from prospero.core.metrics import Metrics
 from prospero.core.store.base import StoredEvent
@@ -340,13 +340,13 @@ async def test_filtered_busy_stream_still_heartbeats() -> None:
             yield StoredEvent(n, ev)
 
     hub = StreamHub(ApiSettings(heartbeat_interval=0.05, stream_buffer=8), Metrics())
-    session = hub.open(busy_output(), fleet_encoder_for(frozenset({"agent_finished"})))
+    session = hub.open(busy_output(), fleet_frame_for(frozenset({"agent_finished"})))
     try:
 
         async def consume() -> None:
             nonlocal heartbeats
-            async for msg in session.messages():
-                assert msg is HEARTBEAT, msg  # nothing but heartbeats gets through
+            async for chunk in session.chunks():
+                assert chunk == HEARTBEAT_FRAME, chunk  # nothing but heartbeats gets through
                 heartbeats += 1
                 if heartbeats >= 2:
                     return

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from prospero.api.sse import encode_agent_item
+from prospero.api.sse import agent_frame
 from prospero.core.bus import BusItem, InProcessBus
 from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
@@ -521,7 +521,7 @@ async def test_poison_events_never_fail_their_neighbours(db: Path, fast: bool) -
         assert bus.not_durable == []
         assert [i.event for i in bus.items] == stored
         for item in bus.items:
-            sse = encode_agent_item(item.event)
+            sse = agent_frame(item.event)
             assert sse is not None
             assert orjson.loads(orjson.dumps(item.event.to_json()))["seq"] == item.event.seq
         [row] = await store.usage(stored[3].ts[:10], stored[3].ts[:10])
@@ -550,7 +550,7 @@ async def test_poison_events_published_without_a_store_are_encodable(
         items.append(it.event)
     assert [e.kind.kind for e in items[:2]] == ["tool_started", "output"]
     for e in items:
-        assert encode_agent_item(e) is not None
+        assert agent_frame(e) is not None
     assert items[1].kind == Output(chunk="x\\ud800")
     await em.close()
 

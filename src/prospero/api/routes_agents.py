@@ -16,7 +16,6 @@ from prospero.api.sse import (
     SseResponse,
     StreamSession,
     agent_frame,
-    encode_agent_item,
 )
 from prospero.core.errors import AgentNotFound
 from prospero.core.subscription import follow_stream
@@ -124,7 +123,7 @@ async def agent_session(
     if bad is not None:  # no agent can have such an id: refuse rather than wait forever
         raise InvalidRequest(f"agent id {describe_bad_char(*bad)}")
     follower = follow_stream(st.store, st.bus, agent_id, start, close_on_finish=True, raw=True)
-    session = st.hub.open(follower, encode_agent_item, agent_frame)
+    session = st.hub.open(follower, agent_frame)
     try:
         yield session
     finally:

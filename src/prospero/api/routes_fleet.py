@@ -17,8 +17,6 @@ from prospero.api.sse import (
     SSE_RESPONSES,
     SseResponse,
     StreamSession,
-    encode_fleet_item,
-    fleet_encoder_for,
     fleet_frame,
     fleet_frame_for,
 )
@@ -99,9 +97,8 @@ async def fleet_session(
     after: Annotated[int, Depends(fleet_resume)],
     kinds: Annotated[frozenset[str] | None, Depends(kind_filter)],
 ) -> AsyncIterator[StreamSession]:
-    encode = encode_fleet_item if kinds is None else fleet_encoder_for(kinds)
     frame = fleet_frame if kinds is None else fleet_frame_for(kinds)
-    session = st.hub.open(follow_fleet(st.store, st.bus, after, raw=True), encode, frame)
+    session = st.hub.open(follow_fleet(st.store, st.bus, after, raw=True), frame)
     try:
         yield session
     finally:

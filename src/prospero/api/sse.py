@@ -8,8 +8,7 @@ spliced by the store, never decoded into models) and leaves as one `http.respons
 message per batch of SSE frames: whatever is queued when the socket is ready goes out in one
 write (at most about MAX_WRITE bytes), live events included. The bytes are exactly what
 `format_sse_event` wrote for each event before. The OpenAPI entry is the one FastAPI writes for
-an SSE generator (`SSE_RESPONSES`). `messages()` (one ServerSentEvent per item) is kept for
-in-process consumers.
+an SSE generator (`SSE_RESPONSES`).
 
 * on a client disconnect the response simply stops, so the per-connection resources live in a
   `StreamSession` opened by a request-scoped yield dependency, whose teardown releases them as
@@ -24,8 +23,8 @@ Wire format
   stream;
 * a consumer that fell behind gets `event: gap` / `data: {"skipped": n, "last_seq": m}` (no
   id) and then the missed events, replayed from the store: nothing is lost or duplicated;
-* `: heartbeat` comment lines after `heartbeat_interval` seconds of silence (FastAPI adds its
-  own `: ping` after 15 s of silence too; both are comments and ignored by clients).
+* `: heartbeat` comment lines after `heartbeat_interval` seconds of silence (a comment, ignored
+  by clients).
 
 Resume: `?from=N` (per agent: `seq >= N`; fleet: `ordinal >= N`) or the `Last-Event-ID`
 header (resume strictly after that id). When both are sent the header wins: it is what a
@@ -45,7 +44,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
-from fastapi.sse import ServerSentEvent, format_sse_event
 from starlette.responses import StreamingResponse
 
 from prospero.api.metrics_text import API_SSE_STREAMS
@@ -61,7 +59,6 @@ log = logging.getLogger(__name__)
 _END = object()
 _CLOSE = object()
 
-HEARTBEAT = ServerSentEvent(comment="heartbeat")
 HEARTBEAT_FRAME = b": heartbeat\n\n"
 # Bytes of frames joined into one socket write at most (a bigger batch waits for the next).
 MAX_WRITE = 1 << 20
@@ -103,7 +100,7 @@ def _gap_frame(gap: GapSignal) -> bytes:
 
 
 def agent_frame(item: Any) -> bytes | None:
-    """The SSE bytes of a per-agent follower item (`encode_agent_item`'s, formatted)."""
+    """The SSE bytes of a per-agent follower item ."""
     if type(item) is RawPage:
         return _page_frames(item)
     if isinstance(item, FleetEvent):
@@ -114,7 +111,7 @@ def agent_frame(item: Any) -> bytes | None:
 
 
 def fleet_frame(item: Any) -> bytes | None:
-    """The SSE bytes of a fleet follower item (`encode_fleet_item`'s, formatted)."""
+    """The SSE bytes of a fleet follower item ."""
     if type(item) is RawPage:
         return _page_frames(item)
     if isinstance(item, StoredEvent):
@@ -138,14 +135,6 @@ def fleet_frame_for(kinds: frozenset[str]) -> Callable[[Any], bytes | None]:
     return frame
 
 
-def sse_bytes(msg: ServerSentEvent | None) -> bytes | None:
-    if msg is None:
-        return None
-    return format_sse_event(
-        data_str=msg.raw_data, event=msg.event, id=msg.id, retry=msg.retry, comment=msg.comment
-    )
-
-
 class SseResponse(StreamingResponse):
     """`text/event-stream` of a session's `chunks()`, with the headers FastAPI's SSE sets."""
 
@@ -159,46 +148,9 @@ class SseResponse(StreamingResponse):
         )
 
 
-def encode_agent_item(item: Any) -> ServerSentEvent | None:
-    if isinstance(item, FleetEvent):
-        return ServerSentEvent(raw_data=orjson.dumps(item.to_json()).decode(), id=str(item.seq))
-    if isinstance(item, GapSignal):
-        return gap_event(item)
-    return None
-
-
-def encode_fleet_item(item: Any) -> ServerSentEvent | None:
-    if isinstance(item, StoredEvent):
-        return ServerSentEvent(
-            raw_data=orjson.dumps(item.event.to_json()).decode(), id=str(item.ordinal)
-        )
-    if isinstance(item, GapSignal):
-        return gap_event(item)
-    return None
-
-
-def fleet_encoder_for(kinds: frozenset[str]) -> Callable[[Any], ServerSentEvent | None]:
-    """`encode_fleet_item` that drops events of other kinds (gap signals still pass: the
-    client must learn it fell behind whatever it filters)."""
-
-    def encode(item: Any) -> ServerSentEvent | None:
-        if isinstance(item, StoredEvent) and item.event.kind.kind not in kinds:
-            return None
-        return encode_fleet_item(item)
-
-    return encode
-
-
-def gap_event(gap: GapSignal) -> ServerSentEvent:
-    return ServerSentEvent(
-        event="gap",
-        raw_data=orjson.dumps({"skipped": gap.skipped, "last_seq": gap.last_seq}).decode(),
-    )
-
-
 class StreamSession:
     """One SSE connection: a pump task moving follower items into a bounded queue, and the
-    consumer side (`messages()`) that the endpoint yields from.
+    consumer side (`chunks()`) that `SseResponse` streams.
 
     Opened by a request-scoped yield dependency whose teardown calls `close()`, because the
     endpoint's async generator is NOT closed when a client disconnects mid-stream (the
@@ -210,13 +162,11 @@ class StreamSession:
         self,
         hub: StreamHub,
         source: Any,
-        encode: Callable[[Any], ServerSentEvent | None],
-        frame: Callable[[Any], bytes | None] | None = None,
+        frame: Callable[[Any], bytes | None],
     ) -> None:
         self.hub = hub
         self.source = source
-        self.encode = encode
-        self.frame = frame if frame is not None else (lambda item: sse_bytes(encode(item)))
+        self.frame = frame
         self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(1, hub.settings.stream_buffer))
         # Set by the consumer whenever it took items: a `RawPage` (up to RAW_PAGE events) is
         # queued only behind at most one other, so memory stays bounded by pages, not items.
@@ -248,38 +198,11 @@ class StreamSession:
         with contextlib.suppress(asyncio.QueueFull):
             self.queue.put_nowait(_CLOSE)  # wakes a consumer blocked on an empty queue
 
-    async def messages(self) -> AsyncIterator[ServerSentEvent]:
-        heartbeat = self.hub.settings.heartbeat_interval
-        queue = self.queue
-        loop = asyncio.get_running_loop()
-        quiet_since = loop.time()  # last time the client was sent anything
-        while not self.closed:
-            try:
-                item = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                try:
-                    item = await wait_for(queue.get(), heartbeat)
-                except TimeoutError:
-                    quiet_since = loop.time()
-                    yield HEARTBEAT
-                    continue
-            self._taken.set()
-            if item is _END or item is _CLOSE or self.closed:
-                return
-            msg = self.encode(item)
-            if msg is not None:
-                quiet_since = loop.time()
-                yield msg
-            elif loop.time() - quiet_since >= heartbeat:
-                # A busy stream whose items are all filtered out still owes the client its
-                # heartbeat (proxies and browsers drop connections that stay silent).
-                quiet_since = loop.time()
-                yield HEARTBEAT
-
     async def chunks(self) -> AsyncIterator[bytes]:
         """The stream's bytes: every item queued by the time the socket is ready again goes
-        out as one chunk of SSE frames (at most about MAX_WRITE bytes); heartbeats as
-        `messages()` sends them."""
+        out as one chunk of SSE frames (at most about MAX_WRITE bytes); a heartbeat after
+        `heartbeat_interval` of silence, also on a busy stream whose items are all filtered
+        out."""
         heartbeat = self.hub.settings.heartbeat_interval
         queue = self.queue
         frame = self.frame
@@ -355,10 +278,9 @@ class StreamHub:
     def open(
         self,
         source: Any,
-        encode: Callable[[Any], ServerSentEvent | None],
-        frame: Callable[[Any], bytes | None] | None = None,
+        frame: Callable[[Any], bytes | None],
     ) -> StreamSession:
-        session = StreamSession(self, source, encode, frame)
+        session = StreamSession(self, source, frame)
         self._sessions.add(session)
         self.metrics.add_gauge(API_SSE_STREAMS, 1)
         if self.closing:
