@@ -20,7 +20,8 @@ from prospero.core.transport import NetworkSecurity
 from prospero.core.wire.control import Endpoint, SpawnSpec
 from prospero.testkit import acp_scripts as S
 from prospero.testkit.certs import CertBundle
-from prospero.testkit.fake_acp import AcpAgentListener, FakeAcpAgent
+from prospero.testkit.fake_acp import FakeAcpAgent
+from prospero.testkit.fake_acp_listener import AcpAgentListener
 from prospero.types.model import AgentMeta
 from tests.conformance.agent_driver import SESSION
 from tests.support import short_tmpdir

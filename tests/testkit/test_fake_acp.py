@@ -25,7 +25,8 @@ from prospero.core.wire.control import Endpoint, SpawnSpec, TcpEndpoint, UnixEnd
 from prospero.testkit import acp_scripts as S
 from prospero.testkit import peers
 from prospero.testkit.certs import CertBundle, make_certs
-from prospero.testkit.fake_acp import AcpAgentListener, FakeAcpAgent
+from prospero.testkit.fake_acp import FakeAcpAgent
+from prospero.testkit.fake_acp_listener import AcpAgentListener
 from prospero.testkit.fake_caliband import FakeCaliband
 from prospero.types.model import AgentStatus
 from tests.support import short_tmpdir, wait_until

@@ -15,7 +15,8 @@ import pytest
 from prospero.core.wire.control import TcpEndpoint
 from prospero.testkit import listener, scripts
 from prospero.testkit.certs import CertBundle, make_certs
-from prospero.testkit.fake_acp import AcpAgentListener, FakeAcpAgent
+from prospero.testkit.fake_acp import FakeAcpAgent
+from prospero.testkit.fake_acp_listener import AcpAgentListener
 from prospero.testkit.fake_agent import FakeAgentWorker
 from prospero.testkit.fake_caliband import FakeCaliband
 

@@ -26,8 +26,7 @@ import typer
 from rich.markup import escape
 
 from prospero.cli import render
-from prospero.cli.client import Client, CliError, error_from_response, iter_sse, seg
-from prospero.cli.main import (
+from prospero.cli.app import (
     AddrOpt,
     OutputFormat,
     OutputOpt,
@@ -40,6 +39,7 @@ from prospero.cli.main import (
     app,
     handle_errors,
 )
+from prospero.cli.client import Client, CliError, error_from_response, iter_sse, seg
 
 policy_app = typer.Typer(
     help="Show or set a workspace's permission policy (posture, ask timeout, rules).",

@@ -24,8 +24,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from prospero.cli.client import CliError
-from prospero.cli.main import (
+from prospero.cli.app import (
     OutputOpt,
     _console,
     _err_console,
@@ -34,6 +33,7 @@ from prospero.cli.main import (
     app,
     handle_errors,
 )
+from prospero.cli.client import CliError
 from prospero.types.tokens import Scope, TokenFileError, add_token, read_tokens_file
 
 token_app = typer.Typer(

@@ -26,10 +26,14 @@ def __getattr__(name: str) -> Any:
         from prospero.testkit.fake_agent import FakeAgentWorker
 
         return FakeAgentWorker
-    if name in ("FakeAcpAgent", "AcpAgentListener"):
-        from prospero.testkit import fake_acp
+    if name == "FakeAcpAgent":
+        from prospero.testkit.fake_acp import FakeAcpAgent
 
-        return getattr(fake_acp, name)
+        return FakeAcpAgent
+    if name == "AcpAgentListener":
+        from prospero.testkit.fake_acp_listener import AcpAgentListener
+
+        return AcpAgentListener
     if name == "AcpScript":
         from prospero.testkit.acp_scripts import AcpScript
 

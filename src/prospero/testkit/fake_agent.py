@@ -44,6 +44,7 @@ from prospero.core.transport import STREAM_LIMIT, OversizedLine, read_line
 from prospero.core.wire.control import ATTACH_INBOUND_ADAPTER, Endpoint, TcpEndpoint, UnixEndpoint
 from prospero.core.wire.turnevents import EXIT_CODE_BY_STOP, stop_label
 from prospero.testkit import scripts
+from prospero.testkit.fake_agent_client import AttachClient
 from prospero.testkit.faults import FaultPlan, FaultRunner
 from prospero.testkit.listener import admit, bound_port, listen_tcp, listen_unix, tcp_addr
 from prospero.testkit.listener import read_bearer_preamble as read_bearer_preamble  # re-export
@@ -56,46 +57,11 @@ INBOX_CAPACITY = 64
 LINGER = 0.1
 SIGTERM_EXIT = 143  # 128 + SIGTERM: what a worker killed by the daemon reports
 CLOSE_GRACE = 2.0  # upper bound for flushing clients at exit
-DRAIN_DEADLINE = 0.5  # how long to wait for the peer's EOF after our half-close
-WRITE_BATCH = 64 * 1024
 
 
 def exit_code_for(stopped_for: Any) -> int:
     """Worker exit code for a RunEnd's `stopped_for` (caliband-wire.md §5.1)."""
     return EXIT_CODE_BY_STOP.get(stop_label(stopped_for), 1)
-
-
-class _Client:
-    """One connected reader: its replay snapshot and its bounded live queue."""
-
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        backlog: list[bytes],
-        cap: int,
-    ) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.backlog = backlog
-        self.pending: deque[bytes] = deque()
-        self.cap = cap
-        self.dropped = 0
-        self.eof = False  # close gracefully once pending is written
-        self.stalled = False  # a fault plan's slow reader: pending is not written meanwhile
-        self.aborted = False  # stop writing now
-        self.wake = asyncio.Event()
-
-    def offer(self, line: bytes) -> bool:
-        """Queue a live line; when full, lose the oldest one (broadcast lag). False if lost."""
-        lost = False
-        if len(self.pending) >= self.cap:
-            self.pending.popleft()
-            self.dropped += 1
-            lost = True
-        self.pending.append(line)
-        self.wake.set()
-        return not lost
 
 
 class FakeAgentWorker:
@@ -145,7 +111,7 @@ class FakeAgentWorker:
         self._relisten: list[Callable[[], Any]] = []  # how to listen again after a refusal
         self._faults = FaultRunner(fault_plan, self) if fault_plan is not None else None
         self._ring: deque[bytes] = deque(maxlen=ring_size)
-        self._clients: set[_Client] = set()
+        self._clients: set[AttachClient] = set()
         self._servers: list[asyncio.Server] = []
         self._unix_paths: list[tuple[str, int]] = []
         self._conns: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
@@ -334,7 +300,7 @@ class FakeAgentWorker:
     def exiting(self) -> bool:
         return self._exit_started
 
-    def readers(self) -> list[_Client]:
+    def readers(self) -> list[AttachClient]:
         return list(self._clients)
 
     def write_line(self, line: bytes) -> None:
@@ -550,7 +516,7 @@ class FakeAgentWorker:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         # Snapshot and subscribe in one synchronous step: no line can slip in between.
-        client = _Client(reader, writer, list(self._ring), self.live_queue_size)
+        client = AttachClient(reader, writer, list(self._ring), self.live_queue_size)
         self._clients.add(client)
         self.connections_total += 1
         if self.exit_code is not None:
@@ -558,68 +524,14 @@ class FakeAgentWorker:
         rtask = asyncio.create_task(self._read_inbound(client))
         graceful = False
         try:
-            graceful = await self._write_loop(client)
+            graceful = await client.write_all()
         except (OSError, ssl.SSLError):
             pass
         finally:
             self._clients.discard(client)
-            await self._close_client(client, rtask, graceful)
+            await client.close(rtask, graceful)
 
-    async def _write_loop(self, c: _Client) -> bool:
-        """Write backlog then live lines. True when it ended by a graceful EOF."""
-        w = c.writer
-        batch: list[bytes] = []
-        size = 0
-        for line in c.backlog:
-            batch.append(line + b"\n")
-            size += len(line) + 1
-            if size >= WRITE_BATCH:
-                w.write(b"".join(batch))
-                batch, size = [], 0
-                await w.drain()
-                if c.aborted:
-                    return False
-        if batch:
-            w.write(b"".join(batch))
-            await w.drain()
-        c.backlog = []
-        while not c.aborted:
-            if c.pending and not c.stalled:
-                batch, size = [], 0
-                while c.pending and size < WRITE_BATCH:
-                    line = c.pending.popleft()
-                    batch.append(line + b"\n")
-                    size += len(line) + 1
-                w.write(b"".join(batch))
-                await w.drain()
-                continue
-            if c.eof and not c.pending:
-                return True
-            c.wake.clear()
-            await c.wake.wait()
-        return False
-
-    async def _close_client(self, c: _Client, rtask: asyncio.Task[None], graceful: bool) -> None:
-        w = c.writer
-        try:
-            if graceful and not c.aborted and not w.transport.is_closing():
-                if w.can_write_eof():
-                    # Half-close, then keep draining the peer's bytes until it closes too, so
-                    # our close never finds unread data (which would turn FIN into RST).
-                    w.write_eof()
-                    await asyncio.wait({rtask}, timeout=DRAIN_DEADLINE)
-                # TLS: close() sends close_notify and drains until the peer's close_notify.
-            w.close()
-            with contextlib.suppress(Exception):
-                await wait_for(w.wait_closed(), 1.0)
-        except Exception:
-            w.transport.abort()
-        finally:
-            rtask.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await rtask
-
-    async def _read_inbound(self, c: _Client) -> None:
+    async def _read_inbound(self, c: AttachClient) -> None:
         while True:
             try:
                 line = await read_line(c.reader)

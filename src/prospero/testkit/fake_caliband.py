@@ -17,7 +17,7 @@ As a process (stands in for a real caliband binary, e.g. behind autostart):
 
 ACP agents (`SpawnSpec.drive_protocol == "acp"`, ADR 0011): the per-agent endpoint (same
 allocation, same Unix or TLS + token rules) serves ACP instead of the NDJSON attach stream, via
-`prospero.testkit.fake_acp.AcpAgentListener`: a scripted `FakeAcpAgent` playing
+`prospero.testkit.fake_acp_listener.AcpAgentListener`: a scripted `FakeAcpAgent` playing
 `acp_script_for(spec)` (default `acp_scripts.default_acp_script()`), or with `acp_command` /
 `--acp-command "node path/agent.js"` a bridge to a fresh stdio ACP process per connection.
 Status: `running` while the peer lives; `done` / `failed` when it exits 0 / non-zero (script
@@ -26,119 +26,55 @@ Status: `running` while the peer lives; `done` / `failed` when it exits 0 / non-
 Without `--socket` the control socket is derived from `--workspace-root` exactly as caliband
 does (prospero.core.discovery). Prints `ready <endpoint>` once listening; runs until SIGINT,
 SIGTERM or a `shutdown` request.
+
+Modules: this one (listening, the agent registry, spawning, workers, test hooks),
+`fake_caliband_control` (the control protocol), `fake_caliband_records` (an agent's entry and
+manifest), `fake_caliband_git` (source and worktrees), `fake_caliband_cli` (the command line).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import datetime as dt
 import logging
 import os
-import re
-import shlex
 import shutil
-import signal
 import ssl
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from prospero.core.aio import wait_for
-from prospero.core.discovery import socket_path_for
-from prospero.core.drivers import acp_sdk_logs
-from prospero.core.transport import MAX_LINE, describe
-from prospero.core.wire.control import (
-    CALIBAND_SPEC_FIELDS,
-    CTL_REQUEST_ADAPTER,
-    AgentRecord,
-    AttachAckReply,
-    AttachReq,
-    Endpoint,
-    ErrorReply,
-    InternalErr,
-    InvalidStateErr,
-    KilledReply,
-    KillReq,
-    ListedReply,
-    ListReq,
-    NotFoundErr,
-    RemovedReply,
-    ReportStatusReq,
-    RespawnedReply,
-    RespawnReq,
-    RmReq,
-    ShutdownAckReply,
-    ShutdownReq,
-    SpawnedReply,
-    SpawnReq,
-    SpawnSpec,
-    StatusReply,
-    StatusReportedReply,
-    StatusReq,
-    TcpEndpoint,
-    UnixEndpoint,
-    encode_reply,
-)
+from prospero.core.transport import MAX_LINE
+from prospero.core.wire.control import AgentRecord, Endpoint, SpawnSpec, TcpEndpoint, UnixEndpoint
 from prospero.testkit import scripts
 from prospero.testkit.acp_scripts import AcpScript, default_acp_script
 from prospero.testkit.certs import server_ssl_context
 from prospero.testkit.fake_agent import FakeAgentWorker
-from prospero.testkit.faults import FaultPlan, Scenario
-from prospero.testkit.listener import admit, bound_port, listen_tcp, listen_unix, tcp_addr
+from prospero.testkit.fake_caliband_control import ControlProtocol
+from prospero.testkit.fake_caliband_git import create_worktree, remove_worktree, resolve_source
+from prospero.testkit.fake_caliband_records import ACTIVE, FLIPPABLE, AgentEntry, SpawnFailed
+from prospero.testkit.faults import FaultPlan
+from prospero.testkit.listener import bound_port, listen_tcp, listen_unix, tcp_addr
 from prospero.types.model import AgentStatus
 
 if TYPE_CHECKING:
-    from prospero.testkit.fake_acp import AcpAgentListener
+    from prospero.testkit.fake_acp_listener import AcpAgentListener
 
 log = logging.getLogger(__name__)
-
-REQUEST_KINDS = (
-    "list",
-    "spawn",
-    "attach",
-    "kill",
-    "respawn",
-    "rm",
-    "status",
-    "shutdown",
-    "report_status",
-)
-_ACTIVE = {AgentStatus.spawning, AgentStatus.running, AgentStatus.idle}
-_FLIPPABLE = {AgentStatus.running, AgentStatus.idle}
-_SOURCE_RE = re.compile(r"^[^/\\]+$")
 
 ScriptFor = Callable[[SpawnSpec], Sequence[dict[str, Any] | str]]
 AcpScriptFor = Callable[[SpawnSpec], AcpScript]
 FaultPlanFor = Callable[[SpawnSpec], FaultPlan | None]
 
 
-class SpawnFailed(Exception):
-    """An `internal` error for the spawn reply."""
-
-
-@dataclass
-class _Agent:
-    record: AgentRecord
-    worker: FakeAgentWorker | None = None
-    acp: AcpAgentListener | None = None
-    worktree: Path | None = None
-    branch: str | None = None
-    git_dir: Path | None = None
-    cleaned: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class FakeCaliband:
+class FakeCaliband(ControlProtocol):
     def __init__(
         self,
         *,
@@ -209,7 +145,7 @@ class FakeCaliband:
         self.oversized_requests = 0
         self.connections_total = 0
         # state
-        self._agents: dict[str, _Agent] = {}
+        self._agents: dict[str, AgentEntry] = {}
         self._server: asyncio.Server | None = None
         self._unix_path: tuple[str, int] | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -353,7 +289,7 @@ class FakeCaliband:
         a.record.spec.interactive = interactive
         if a.worker is not None:
             a.worker.interactive = interactive
-        self._write_manifest(a)
+        a.write_manifest()
 
     def remove_agent(self, agent_id: str) -> AgentRecord | None:
         """Drop a record silently (its worker keeps running), e.g. to trigger `agent_gone`."""
@@ -402,7 +338,7 @@ class FakeCaliband:
             working_dir=working_dir,
             spec=spec,
         )
-        agent = _Agent(record=record)
+        agent = AgentEntry(record=record)
         self._agents[agent_id] = agent
         if serve and spec.drive_protocol == "acp":
             listener = self._make_acp_listener(agent, acp_script)
@@ -419,179 +355,17 @@ class FakeCaliband:
                 worker.pause()
             if start:
                 worker.start()
-        self._write_manifest(agent)
+        agent.write_manifest()
         return record
-
-    # --- connection handling ----------------------------------------------------------------
-
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._conns[task] = writer
-        self.connections_total += 1
-        shutdown = False
-        try:
-            if not await admit(reader, writer, self._token):  # shared with every fake
-                self.auth_failures += 1
-                log.info("fake caliband: dropped a connection (bad bearer preamble)")
-                return
-            while True:
-                last = False
-                try:
-                    line = await reader.readuntil(b"\n")
-                except asyncio.IncompleteReadError as e:
-                    line, last = e.partial, True
-                except asyncio.LimitOverrunError:
-                    self.oversized_requests += 1
-                    log.warning("fake caliband: request line over %d bytes, closing", MAX_LINE)
-                    break
-                if line.strip():
-                    reply, shutdown = await self._handle_line(line.strip())
-                    writer.write(_encode(reply))
-                    await writer.drain()
-                if last or shutdown:
-                    break
-        except (OSError, ssl.SSLError):
-            pass
-        except Exception:
-            log.exception("fake caliband: connection handler failed")
-        except asyncio.CancelledError:
-            # Outermost frame of a server-owned task: end quietly (a re-raised cancel makes
-            # Python 3.11's stream callback log a spurious traceback at loop teardown).
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
-                await wait_for(writer.wait_closed(), 1.0)
-            self._conns.pop(task, None)
-            if shutdown:
-                self._stop_accepting()
-                self._shutdown.set()
-
-    async def _handle_line(self, line: bytes) -> tuple[BaseModel, bool]:
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as e:
-            return self._bad(line, str(e)), False
-        if not isinstance(obj, dict):
-            return self._bad(
-                line,
-                f"invalid type: {type(obj).__name__}, expected internally tagged enum CtlRequest",
-            ), False
-        if "kind" not in obj:
-            return self._bad(line, "missing field `kind`"), False
-        kind = obj["kind"]
-        if kind not in REQUEST_KINDS:
-            expected = ", ".join(f"`{k}`" for k in REQUEST_KINDS)
-            return self._bad(line, f"unknown variant `{kind}`, expected one of {expected}"), False
-        if kind == "spawn" and isinstance(obj.get("spec"), dict):
-            # Like caliband's serde: spec keys it does not know are dropped, never stored, so
-            # `listed` echoes only caliband's own fields (a Prospero-only key such as
-            # `permission_posture` does not come back).
-            self.received_spec_keys.append(sorted(obj["spec"]))
-            spec = {k: v for k, v in obj["spec"].items() if k in CALIBAND_SPEC_FIELDS}
-            obj = {**obj, "spec": spec}
-        try:
-            req = CTL_REQUEST_ADAPTER.validate_python(obj)
-        except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(p) for p in err.get("loc", ()))
-            return self._bad(line, f"{err.get('msg', 'invalid')} at `{where}`"), False
-        self.requests.append(req)
-        try:
-            return await self._dispatch(req), isinstance(req, ShutdownReq)
-        except Exception as e:  # never let a handler bug kill the connection
-            log.exception("fake caliband: %s failed", kind)
-            return ErrorReply(error=InternalErr(message=f"{kind}: {e}")), False
-
-    def _bad(self, line: bytes, why: str) -> ErrorReply:
-        self.bad_requests.append(line)
-        log.info("fake caliband: bad request: %s", why)
-        return ErrorReply(error=InternalErr(message=f"bad request: {why}"))
-
-    async def _dispatch(self, req: BaseModel) -> BaseModel:
-        if isinstance(req, ListReq):
-            self.list_count += 1
-            records = sorted((a.record for a in self._agents.values()), key=lambda r: r.started_at)
-            return ListedReply(agents=[r.model_copy(deep=True) for r in records])
-        if isinstance(req, SpawnReq):
-            self.received_specs.append(req.spec)
-            try:
-                rec = await self._spawn(req.spec)
-            except SpawnFailed as e:
-                return ErrorReply(error=InternalErr(message=str(e)))
-            return SpawnedReply(id=rec.id, endpoint=rec.endpoint)
-        if isinstance(req, AttachReq):
-            self.received_attach_ids.append(req.id)
-            a = self._agents.get(req.id)
-            if a is None:
-                return ErrorReply(error=NotFoundErr(id=req.id))
-            return AttachAckReply(endpoint=a.record.endpoint)
-        if isinstance(req, KillReq):
-            a = self._agents.get(req.id)
-            if a is None:
-                return ErrorReply(error=NotFoundErr(id=req.id))
-            self._set_status(a, AgentStatus.killed)
-            if a.worker is not None:
-                await a.worker.stop()
-            if a.acp is not None:
-                await a.acp.stop()
-            return KilledReply()
-        if isinstance(req, RespawnReq):
-            old = self._agents.get(req.id)
-            if old is None:
-                return ErrorReply(error=NotFoundErr(id=req.id))
-            try:
-                rec = await self._spawn(old.record.spec.model_copy(deep=True), replacing=req.id)
-            except SpawnFailed as e:
-                return ErrorReply(error=InternalErr(message=str(e)))
-            return RespawnedReply(id=rec.id)
-        if isinstance(req, RmReq):
-            a = self._agents.get(req.id)
-            if a is None:
-                return ErrorReply(error=NotFoundErr(id=req.id))
-            if a.record.status not in (
-                AgentStatus.killed,
-                AgentStatus.done,
-                AgentStatus.failed,
-                AgentStatus.crashed,
-            ):
-                if not req.force:
-                    return ErrorReply(
-                        error=InvalidStateErr(op="rm", id=req.id, status=a.record.status.value)
-                    )
-                if a.worker is not None:
-                    await a.worker.stop()
-                if a.acp is not None:
-                    await a.acp.stop()
-            self._agents.pop(req.id, None)
-            shutil.rmtree(a.record.session_dir, ignore_errors=True)
-            return RemovedReply()
-        if isinstance(req, StatusReq):
-            return StatusReply(
-                pid=os.getpid(),
-                agents=len(self._agents),
-                uptime_secs=int(time.monotonic() - self._started),
-                endpoint=self.endpoint,
-            )
-        if isinstance(req, ShutdownReq):
-            self.shutdown_count += 1
-            return ShutdownAckReply()
-        if isinstance(req, ReportStatusReq):
-            a = self._agents.get(req.id)
-            if a is not None and a.record.status in _FLIPPABLE and req.status in _FLIPPABLE:
-                self._set_status(a, req.status)
-            return StatusReportedReply()
-        raise AssertionError(f"unhandled request {req!r}")
 
     # --- spawn ------------------------------------------------------------------------------
 
     async def _spawn(self, spec: SpawnSpec, replacing: str | None = None) -> AgentRecord:
-        source = self._resolve_source(spec)
+        source = resolve_source(self.root, spec)
         worktree: Path | None = None
         branch: str | None = None
         if spec.isolation_worktree:
-            worktree, branch = await self._create_worktree(source)
+            worktree, branch = await create_worktree(source)
         working_dir = worktree or source
         agent_id = self._new_id()
         session_dir = self._make_session_dir(agent_id)
@@ -605,7 +379,7 @@ class FakeCaliband:
             working_dir=str(working_dir) if working_dir is not None else "",
             spec=spec,
         )
-        agent = _Agent(
+        agent = AgentEntry(
             record=record, worktree=worktree, branch=branch, git_dir=source if worktree else None
         )
         worker: FakeAgentWorker | AcpAgentListener | None
@@ -641,68 +415,14 @@ class FakeCaliband:
                 if self.start_paused:
                     worker.pause()
                 worker.start()
-        self._write_manifest(agent)
+        agent.write_manifest()
         return record
 
-    def _resolve_source(self, spec: SpawnSpec) -> Path | None:
-        if spec.source is None:
-            return self.root
-        if not _SOURCE_RE.match(spec.source) or spec.source in (".", ".."):
-            raise SpawnFailed(f"source resolve: invalid source name {spec.source!r}")
-        if self.root is None:
-            raise SpawnFailed("source resolve: no workspace root")
-        path = self.root / spec.source
-        if not path.is_dir():
-            raise SpawnFailed(f"source resolve: {path} is not a directory")
-        return path
-
-    async def _git(self, cwd: Path, *args: str) -> tuple[int, str]:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                "git",
-                "-C",
-                str(cwd),
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        except OSError as e:
-            return 127, str(e)
-        out, err = await proc.communicate()
-        return proc.returncode or 0, (err or out).decode(errors="replace").strip()
-
-    async def _create_worktree(self, source: Path | None) -> tuple[Path, str]:
-        if source is None:
-            raise SpawnFailed("worktree create: no workspace root configured")
-        name = uuid.uuid4().hex
-        wt = source / ".caliban" / "worktrees" / name
-        branch = f"caliban/{name}"
-        code, msg = await self._git(source, "worktree", "add", "-q", "-b", branch, str(wt), "HEAD")
-        if code != 0:
-            raise SpawnFailed(f"worktree create: {msg or f'git exited {code}'}")
-        return wt, branch
-
-    async def _remove_worktree(self, agent: _Agent) -> None:
-        if agent.worktree is None or agent.git_dir is None:
-            return
-        code, msg = await self._git(
-            agent.git_dir, "worktree", "remove", "--force", str(agent.worktree)
-        )
-        if code != 0:
-            log.warning("fake caliband: worktree remove failed: %s", msg)
-            shutil.rmtree(agent.worktree, ignore_errors=True)
-            await self._git(agent.git_dir, "worktree", "prune")
-        if agent.branch:
-            code, msg = await self._git(agent.git_dir, "branch", "-D", agent.branch)
-            if code != 0:
-                log.warning("fake caliband: branch delete failed: %s", msg)
-
-    def _schedule_cleanup(self, agent: _Agent) -> None:
+    def _schedule_cleanup(self, agent: AgentEntry) -> None:
         if agent.cleaned or agent.worktree is None:
             return
         agent.cleaned = True
-        t = asyncio.get_running_loop().create_task(self._remove_worktree(agent))
+        t = asyncio.get_running_loop().create_task(remove_worktree(agent))
         self._bg.add(t)
         t.add_done_callback(self._bg.discard)
 
@@ -710,7 +430,7 @@ class FakeCaliband:
 
     def _make_worker(
         self,
-        agent: _Agent,
+        agent: AgentEntry,
         script: list[dict[str, Any] | str],
         *,
         line_delay: float | None = None,
@@ -734,10 +454,11 @@ class FakeCaliband:
         return worker
 
     def _make_acp_listener(
-        self, agent: _Agent, script: AcpScript | None = None
+        self, agent: AgentEntry, script: AcpScript | None = None
     ) -> AcpAgentListener:
         """An ACP agent's listener: scripted peer, or the `acp_command` bridge."""
-        from prospero.testkit.fake_acp import AcpAgentListener, FakeAcpAgent
+        from prospero.testkit.fake_acp import FakeAcpAgent
+        from prospero.testkit.fake_acp_listener import AcpAgentListener
 
         rec = agent.record
         on_exit = lambda code: self._on_worker_exit(agent, code)  # noqa: E731
@@ -788,35 +509,24 @@ class FakeCaliband:
             return UnixEndpoint(path=str(self.data_dir / f"dead-{agent_id}.sock"))
         return TcpEndpoint(addr=tcp_addr(self.advertise_host or self._tcp_host, 1))
 
-    def _on_worker_status(self, agent: _Agent, status: str) -> None:
+    def _on_worker_status(self, agent: AgentEntry, status: str) -> None:
         if self._agents.get(agent.record.id) is not agent:
             return
         new = AgentStatus(status)
-        if agent.record.status in _FLIPPABLE and new in _FLIPPABLE:
+        if agent.record.status in FLIPPABLE and new in FLIPPABLE:
             self._set_status(agent, new)
 
-    def _on_worker_exit(self, agent: _Agent, code: int) -> None:
-        if self._agents.get(agent.record.id) is agent and agent.record.status in _ACTIVE:
+    def _on_worker_exit(self, agent: AgentEntry, code: int) -> None:
+        if self._agents.get(agent.record.id) is agent and agent.record.status in ACTIVE:
             self._set_status(agent, AgentStatus.done if code == 0 else AgentStatus.failed)
         self._schedule_cleanup(agent)
 
     # --- records ----------------------------------------------------------------------------
 
-    def _set_status(self, agent: _Agent, status: AgentStatus) -> None:
+    def _set_status(self, agent: AgentEntry, status: AgentStatus) -> None:
         if agent.record.status != status:
             agent.record.status = status
-            self._write_manifest(agent)
-
-    def _write_manifest(self, agent: _Agent) -> None:
-        d = Path(agent.record.session_dir)
-        if not d.is_dir():
-            return
-        data = agent.record.model_dump(mode="json", exclude={"spec"})
-        data["spec"] = agent.record.spec.to_wire()
-        tmp = d / "manifest.json.tmp"
-        with contextlib.suppress(OSError):
-            tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
-            tmp.replace(d / "manifest.json")
+            agent.write_manifest()
 
     def _new_id(self) -> str:
         while True:
@@ -838,142 +548,7 @@ class FakeCaliband:
         return now.isoformat()
 
 
-def _encode(reply: BaseModel) -> bytes:
-    """Like caliband's serializer: listed specs always carry `source` (null when unset)."""
-    if isinstance(reply, ListedReply):
-        agents = []
-        for a in reply.agents:
-            spec = a.spec.to_wire()
-            spec.setdefault("source", None)
-            agents.append({**a.model_dump(mode="json", exclude={"spec"}), "spec": spec})
-        return orjson.dumps({"kind": "listed", "agents": agents}) + b"\n"
-    return encode_reply(reply)
-
-
-# --- command line -----------------------------------------------------------------------------
-
-
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    env = os.environ.get
-    p = argparse.ArgumentParser(prog="fake_caliband", description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--workspace-root", default=None, help="workspace root (socket path is derived from it)"
-    )
-    p.add_argument(
-        "--socket", "--socket-path", dest="socket", default=None, help="control socket path"
-    )
-    p.add_argument("--script", default=None, help="NDJSON script every spawned agent plays")
-    p.add_argument("--line-delay", type=float, default=0.0, help="seconds between script lines")
-    p.add_argument("--data-base", default=None, help="where agent session dirs go")
-    p.add_argument(
-        "--listen", default=env("CALIBAN_DAEMON_LISTEN"), help="HOST:PORT (network mode)"
-    )
-    p.add_argument("--advertise-host", default=env("CALIBAN_DAEMON_ADVERTISE_HOST"))
-    p.add_argument("--agent-port-base", type=int, default=env("CALIBAN_DAEMON_AGENT_PORT_BASE"))
-    p.add_argument("--tls-cert", default=env("CALIBAN_DAEMON_TLS_CERT"))
-    p.add_argument("--tls-key", default=env("CALIBAN_DAEMON_TLS_KEY"))
-    p.add_argument("--token", default=env("CALIBAN_DAEMON_TOKEN"))
-    p.add_argument(
-        "--acp-command",
-        default=None,
-        help='bridge every ACP agent to this stdio ACP command, e.g. "node path/agent.js"',
-    )
-    p.add_argument("--acp-script", default=None, help="JSON AcpScript the scripted ACP agents play")
-    p.add_argument(
-        "--scenario", default=None, help="JSON faults.Scenario: script + fault plan per prompt"
-    )
-    p.add_argument("--log-level", default="WARNING")
-    return p.parse_args(argv)
-
-
-async def _amain(args: argparse.Namespace) -> int:
-    script = scripts.load_script(args.script) if args.script else None
-    kwargs: dict[str, Any] = {"script": script, "line_delay": args.line_delay}
-    if args.acp_command:
-        kwargs["acp_command"] = shlex.split(args.acp_command)
-    if args.acp_script:
-        acp_script = AcpScript.load(args.acp_script)
-        kwargs["acp_script_for"] = lambda _spec: acp_script
-    if args.data_base:
-        kwargs["data_dir"] = args.data_base
-    if args.scenario:
-        scenario = Scenario.load(args.scenario)
-
-        def entry_script(spec: SpawnSpec) -> Sequence[dict[str, Any] | str]:
-            e = scenario.entry(spec.initial_prompt)
-            if e is not None:
-                return e.script.build()
-            return script if script is not None else scripts.default_script()
-
-        def entry_plan(spec: SpawnSpec) -> FaultPlan | None:
-            e = scenario.entry(spec.initial_prompt)
-            return e.plan if e is not None else None
-
-        kwargs["script_for"] = entry_script
-        kwargs["fault_plan_for"] = entry_plan
-    root = args.workspace_root
-    if args.listen:
-        token = (args.token or "").strip()
-        if not token or not args.tls_cert or not args.tls_key:
-            print(
-                "fake_caliband: network mode needs --token, --tls-cert and --tls-key",
-                file=sys.stderr,
-            )
-            return 78
-        host, _, port = args.listen.rpartition(":")
-        if not host or not port.isdigit():
-            print(f"fake_caliband: bad --listen address {args.listen!r}", file=sys.stderr)
-            return 64
-        fake = await FakeCaliband.start_tcp(
-            host.strip("[]"),
-            int(port),
-            args.tls_cert_pem,
-            args.tls_key_pem,
-            token,
-            root=root,
-            advertise_host=args.advertise_host,
-            agent_port_base=args.agent_port_base,
-            **kwargs,
-        )
-    else:
-        if args.socket:
-            path = args.socket
-        elif root:
-            path = socket_path_for(root)  # hashed verbatim, as caliband does
-        else:
-            print("fake_caliband: need --socket or --workspace-root", file=sys.stderr)
-            return 64
-        Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fake = await FakeCaliband.start_unix(path, root=root, **kwargs)
-    print(f"ready {describe(fake.endpoint)}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(fake.wait_shutdown())]
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    for w in waiters:
-        w.cancel()
-    await fake.stop()
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse_args(argv)
-    args.tls_cert_pem = Path(args.tls_cert).read_bytes() if args.tls_cert else None
-    args.tls_key_pem = Path(args.tls_key).read_bytes() if args.tls_key else None
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    for handler in logging.getLogger().handlers:
-        acp_sdk_logs.install(handler)
-    try:
-        return asyncio.run(_amain(args))
-    except KeyboardInterrupt:
-        return 130
-
-
 if __name__ == "__main__":
+    from prospero.testkit.fake_caliband_cli import main
+
     sys.exit(main())

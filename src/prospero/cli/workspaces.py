@@ -1,0 +1,157 @@
+"""`prospero workspace add | list | config | rm`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from prospero.cli import render
+from prospero.cli.app import (
+    AddrOpt,
+    OutputFormat,
+    OutputOpt,
+    PostureOpt,
+    TokenOpt,
+    _abs_path,
+    _client,
+    _console,
+    _fmt,
+    _print_json,
+    app,
+    handle_errors,
+)
+from prospero.cli.client import seg
+
+workspace_app = typer.Typer(
+    help="Register and configure workspaces (a root holding one or more git checkouts).",
+    no_args_is_help=True,
+)
+app.add_typer(workspace_app, name="workspace")
+
+
+@workspace_app.command("add")
+@handle_errors
+def workspace_add(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Workspace name.")],
+    root: Annotated[
+        str,
+        typer.Argument(metavar="ROOT", help="Root directory (a git checkout or a folder of them)."),
+    ],
+    output: OutputOpt = None,
+    addr: AddrOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Register a workspace with prosperod."""
+    root_abs = _abs_path(root)
+    with _client(ctx, addr, token) as c:
+        resp = c.request("POST", "/api/workspaces", json_body={"name": name, "root": root_abs})
+    if _fmt(ctx, output) is OutputFormat.json:
+        _print_json({"name": name, "root": root_abs, "status": resp.status_code})
+        return
+    _console().print(f"registered workspace '{escape(name)}' at {escape(root_abs)}")
+
+
+@workspace_app.command("list")
+@handle_errors
+def workspace_list(
+    ctx: typer.Context, output: OutputOpt = None, addr: AddrOpt = None, token: TokenOpt = None
+) -> None:
+    """List registered workspaces with health and agent counts."""
+    with _client(ctx, addr, token) as c:
+        rows = c.get_json("/api/workspaces")
+    if _fmt(ctx, output) is OutputFormat.json:
+        _print_json(rows)
+        return
+    render.render_workspaces(_console(), rows if isinstance(rows, list) else [])
+
+
+def _parse_env(values: list[str] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--env")
+        env[key.strip()] = value
+    return env
+
+
+@workspace_app.command("config")
+@handle_errors
+def workspace_config(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Workspace name.")],
+    provider: Annotated[str | None, typer.Option("--provider", help="Provider id.")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="Provider base URL.")] = None,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option("--api-key-env", help="Name of a variable in prosperod's environment."),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="KEY=VALUE for the workspace's caliband (repeatable)."),
+    ] = None,
+    posture: Annotated[
+        PostureOpt | None,
+        typer.Option(
+            "--posture",
+            help="Default permission posture of the workspace's spawns (does not touch the "
+            "provider config).",
+        ),
+    ] = None,
+    decision_timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--decision-timeout",
+            help="Seconds a supervised permission ask waits for a human, or 'none'.",
+        ),
+    ] = None,
+    addr: AddrOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Replace a workspace's provider config (omitted fields are cleared), and/or set its
+    permission defaults (--posture, --decision-timeout: only these change when they are the
+    only options given)."""
+    provider_given = bool(provider or base_url or api_key_env or env)
+    if posture is not None or decision_timeout is not None:
+        from prospero.cli.decisions import parse_timeout
+
+        patch: dict[str, Any] = {}
+        if posture is not None:
+            patch["posture"] = posture.value
+        if decision_timeout is not None:
+            patch["timeout_s"] = parse_timeout(decision_timeout)
+        with _client(ctx, addr, token) as c:
+            c.request("PATCH", f"/api/workspaces/{seg(name)}/policy", json_body=patch)
+        _console().print(f"updated permission defaults of workspace '{escape(name)}'")
+        if not provider_given:
+            return
+    body: dict[str, Any] = {}
+    if provider:
+        body["provider"] = provider
+    if base_url:
+        body["base_url"] = base_url
+    if api_key_env:
+        body["api_key_from_env"] = api_key_env
+    parsed = _parse_env(env)
+    if parsed:
+        body["env"] = parsed
+    with _client(ctx, addr, token) as c:
+        c.request("PUT", f"/api/workspaces/{seg(name)}/config", json_body=body, send_body=True)
+    _console().print(f"updated provider config for workspace '{escape(name)}'")
+
+
+@workspace_app.command("rm")
+@handle_errors
+def workspace_rm(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Workspace name.")],
+    addr: AddrOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Unregister a workspace (its agents and caliband keep running)."""
+    with _client(ctx, addr, token) as c:
+        c.request("DELETE", f"/api/workspaces/{seg(name)}")
+    _console().print(f"unregistered workspace '{escape(name)}'")
