@@ -4,12 +4,20 @@ caliband (prospero.testkit, in this process), and nothing happening.
 
     uv run python bench/idle.py [--agents 1000] [--window 10] [--reps 3]
 
-Figures, measured on prosperod's process only (/proc/<pid>/stat, /proc/<pid>/status):
+Figures, measured on prosperod's process only (/proc/<pid>/task/*/schedstat, /proc/<pid>/stat,
+/proc/<pid>/status):
 - `cpu_pct`: prosperod's CPU time over a `--window`-second window of the idle fleet, as a
-  percentage of one core; median of `--reps` windows (min/max in brackets). The floor is the
-  same daemon with no workspace registered, measured in the same run.
-  The windows start `--warmup` seconds after the fleet went quiet (steady state).
+  percentage of one core, from its threads' schedstat counters (ns; the clock-tick count of
+  /proc/<pid>/stat is 0.1 % coarse over 10 s); median of `--reps` windows (min/max in
+  brackets). The floor is the same daemon with no workspace registered, measured in the same
+  run. The windows start `--warmup` seconds after the fleet went quiet (steady state). Each
+  window also counts prosperod's wakeups (voluntary context switches, all threads) per second.
 - `rss_per_agent_kb`: (RSS with the N agents attached and idle - RSS of the empty daemon) / N.
+
+All agents went quiet at the same moment, so their transcript tails' backed-off checks (at ~15,
+45, 135 s of quiet, then every 120 s) come in bursts: the window holding one is the max, the
+median is the steady state between them. `--warmup 140 --window 120 --reps 1` averages over one
+whole period of every periodic wakeup (one burst, ~8 workspace polls).
 
 Targets (issue 11): cpu_pct <= 0.3 and rss_per_agent_kb <= 40 at 1,000 agents. The last line
 is exactly `idle agents=<N> cpu_pct=<C> floor_pct=<F> rss_per_agent_kb=<R> cpu_ratio=<C/0.3>
@@ -51,9 +59,21 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
+    """The process's CPU time in clock ticks (1/CLK_TCK s: 0.1 % of a 10 s window)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
     return (utime + stime) / CLK_TCK
+
+
+def thread_cpu_ns(pid: int) -> dict[int, int]:
+    """Each thread's CPU time in ns (/proc/<pid>/task/<tid>/schedstat, first field)."""
+    out: dict[int, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return out
 
 
 def rss_kb(pid: int) -> int:
@@ -63,11 +83,35 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-async def cpu_pct(pid: int, window: float) -> float:
-    c0, t0 = cpu_seconds(pid), time.monotonic()
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of all threads: how often prosperod went to sleep (and so
+    was woken again)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
+async def cpu_pct(pid: int, window: float, wake_rates: list[float] | None = None) -> float:
+    """prosperod's CPU over `window` seconds, in % of one core, to the ns: the threads' own
+    schedstat counters (a thread that ended inside the window would be missed: then the
+    coarser process tick count, which keeps dead threads' time, is used if it is higher).
+    Appends the window's wakeups per second to `wake_rates`."""
+    n0, c0, w0, t0 = thread_cpu_ns(pid), cpu_seconds(pid), wakeups(pid), time.monotonic()
     await asyncio.sleep(window)
-    c1, t1 = cpu_seconds(pid), time.monotonic()
-    return 100.0 * (c1 - c0) / (t1 - t0)
+    n1, c1, w1, t1 = thread_cpu_ns(pid), cpu_seconds(pid), wakeups(pid), time.monotonic()
+    precise = sum(ns - n0.get(tid, 0) for tid, ns in n1.items()) / 1e9
+    gone = set(n0) - set(n1)
+    used = max(precise, c1 - c0 - 1 / CLK_TCK) if gone else precise
+    if wake_rates is not None:
+        wake_rates.append((w1 - w0) / (t1 - t0))
+    return 100.0 * used / (t1 - t0)
 
 
 def loadavg() -> str:
@@ -162,9 +206,14 @@ async def main() -> None:
             else:
                 raise RuntimeError("prosperod did not come up")
             print(f"load before: {loadavg()}", flush=True)
-            floor = [await cpu_pct(proc.pid, args.window) for _ in range(args.reps)]
+            floor_wakes: list[float] = []
+            floor = [await cpu_pct(proc.pid, args.window, floor_wakes) for _ in range(args.reps)]
             rss0 = rss_kb(proc.pid)
-            print(f"empty daemon: cpu {spread(floor)} %, rss {rss0} KB", flush=True)
+            print(
+                f"empty daemon: cpu {spread(floor)} %, {spread(floor_wakes)} wakeups/s,"
+                f" rss {rss0} KB",
+                flush=True,
+            )
             t0 = time.monotonic()
             r = await client.post("/api/workspaces", json={"name": "idle", "root": canon})
             r.raise_for_status()
@@ -176,13 +225,16 @@ async def main() -> None:
             )
             await asyncio.sleep(args.warmup)
             polled0 = (await metrics(client)).get("repos_polled", 0)
-            idle = [await cpu_pct(proc.pid, args.window) for _ in range(args.reps)]
+            idle_wakes: list[float] = []
+            idle = [await cpu_pct(proc.pid, args.window, idle_wakes) for _ in range(args.reps)]
             rssn = rss_kb(proc.pid)
             polled = (await metrics(client)).get("repos_polled", 0) - polled0
             print(f"load after: {loadavg()}", flush=True)
             print(
                 f"idle fleet (after {args.warmup:g}s warm-up): cpu {spread(idle)} % (windows:"
-                f" {', '.join(f'{x:.2f}' for x in idle)}), rss {rssn} KB,"
+                f" {', '.join(f'{x:.3f}' for x in idle)}; mean {statistics.fmean(idle):.3f}),"
+                f" {spread(idle_wakes)} wakeups/s,"
+                f" rss {rssn} KB,"
                 f" {polled} workspace polls in {args.reps * args.window:.0f}s",
                 flush=True,
             )

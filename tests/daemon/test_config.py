@@ -299,3 +299,41 @@ def test_slow_client_settings(tmp_path: Path) -> None:
     ):
         with pytest.raises(ConfigError):
             load_config(argv, {})
+
+
+def test_poll_backoff_settings(tmp_path: Path) -> None:
+    cfg = load_config([], {})
+    assert (cfg.poll_idle_backoff, cfg.poll_quiet_after) == (8.0, 10.0)
+    toml = write(tmp_path / "p.toml", "poll_idle_backoff = 4\npoll-quiet-after-ms = 2500\n")
+    cfg = load_config(["--config", str(toml)], {})
+    assert (cfg.poll_idle_backoff, cfg.poll_quiet_after) == (4.0, 2.5)
+    cfg = load_config(
+        ["--config", str(toml), "--poll-quiet-after-ms", "0"],
+        {"PROSPERO_POLL_IDLE_BACKOFF": "1.5", "PROSPERO_POLL_QUIET_AFTER_MS": "700"},
+    )
+    assert (cfg.poll_idle_backoff, cfg.poll_quiet_after) == (1.5, 0.0)
+    for argv in (
+        ["--poll-idle-backoff", "0.5"],
+        ["--poll-idle-backoff", "nan"],
+        ["--poll-idle-backoff", "inf"],
+        ["--poll-idle-backoff", "lots"],
+        ["--poll-quiet-after-ms", "-1"],
+        ["--poll-quiet-after-ms", "1.5"],
+    ):
+        with pytest.raises(ConfigError):
+            load_config(argv, {})
+
+
+async def test_poll_backoff_reaches_the_fleet_manager(tmp_path: Path) -> None:
+    from prospero.daemon.runtime import Runtime
+
+    cfg = load_config(
+        ["--data-dir", str(tmp_path / "d"), "--no-autostart", "--poll-idle-backoff", "3"],
+        {"PROSPERO_POLL_QUIET_AFTER_MS": "1500"},
+    )
+    async with Runtime(cfg) as rt:
+        assert rt.manager is not None
+        assert (rt.manager.config.poll_idle_backoff, rt.manager.config.poll_quiet_after) == (
+            3.0,
+            1.5,
+        )

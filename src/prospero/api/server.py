@@ -10,6 +10,10 @@ on concurrent connections (`max_connections`, refused with 503 at accept); the b
 bounded by `BodyLimitMiddleware` (`body_timeout`). The values come from the app's ApiSettings
 unless given here.
 
+Idle cost: uvicorn's main loop ticks 10 times a second (to refresh the Date header and look at
+`should_exit`); `_Server` waits on an event instead and builds the Date header when a request
+reads it, so an idle prosperod is not woken by its HTTP server.
+
 Shutdown (`stop()`): stop accepting connections, end SSE streams and background API tasks,
 wait (bounded) for in-flight requests; the caller then stops the Runtime.
 """
@@ -21,10 +25,13 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import time
 from collections.abc import Generator
+from email.utils import formatdate
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.server import ServerState
 
 from prospero.api.app import api_state_of
 from prospero.api.h11_protocol import guarded_protocol
@@ -33,7 +40,62 @@ from prospero.core.aio import wait_for
 log = logging.getLogger(__name__)
 
 
+class _ServerState(ServerState):
+    """uvicorn's state shared by the connections, with the default headers (`Date`) built when
+    a request reads them, once per wall-clock second: right to the second with no timer.
+    (uvicorn rebuilds them from a 10 Hz tick of its main loop, which this server does not run;
+    the tick's own writes are ignored.)"""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        self._config = config
+        self._second = -1
+        self._headers: list[tuple[bytes, bytes]] = []
+        super().__init__()
+
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        second = int(time.time())
+        if second != self._second:
+            date = [(b"date", formatdate(second, usegmt=True).encode())]
+            self._headers = (date if self._config.date_header else []) + list(
+                self._config.encoded_headers
+            )
+            self._second = second
+        return self._headers
+
+    @default_headers.setter
+    def default_headers(self, value: list[tuple[bytes, bytes]]) -> None:
+        pass  # computed on read (above)
+
+
 class _Server(uvicorn.Server):
+    """uvicorn's server without its idle wakeups: the main loop waits for `should_exit` to be
+    set (by `ApiServer.stop()`/`force_exit()`, on the loop) instead of ticking 10 times a
+    second, and the Date header is computed on read (`_ServerState`). uvicorn's own loop is
+    kept when a tick has work to do (`limit_max_requests`, `callback_notify`: unused here)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        self._exit = asyncio.Event()  # before uvicorn's __init__ sets should_exit
+        super().__init__(config)
+        self.server_state = _ServerState(config)
+
+    @property
+    def should_exit(self) -> bool:
+        return self._exit.is_set()
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        if value:
+            self._exit.set()
+        else:
+            self._exit.clear()
+
+    async def main_loop(self) -> None:
+        if self.config.limit_max_requests is not None or self.config.callback_notify is not None:
+            await super().main_loop()
+            return
+        await self._exit.wait()
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         # The daemon installs its own handlers; uvicorn must neither replace nor re-raise them.
@@ -193,7 +255,7 @@ class ApiServer:
     async def stop(self) -> None:
         if self._server is None or self._task is None:
             return
-        self._server.should_exit = True  # closes the listener on the next tick
+        self._server.should_exit = True  # wakes uvicorn's main loop: it closes the listener
         await api_state_of(self.app).shutdown()  # end SSE streams, cancel drains
         try:
             await wait_for(asyncio.shield(self._task), self.graceful_timeout + 5)

@@ -9,6 +9,8 @@ TOML example (`prosperod --config /etc/prospero/prosperod.toml`):
     addr = "0.0.0.0:7878"
     data_dir = "/var/lib/prospero"
     poll_interval_ms = 1000
+    poll_idle_backoff = 8          # quiet workspaces: up to 8x less often (1 = fixed cadence)
+    poll_quiet_after_ms = 10000    # ... once quiet for 10 s
     autostart = false
     default_env = { OLLAMA_BASE_URL = "http://gpu:11434" }
     api_token_file = "/etc/prospero/tokens"
@@ -98,6 +100,19 @@ def parse_seconds(value: Any, key: str, maximum: float = 86400.0) -> float:
         raise ConfigError(f"{key}: expected a number of seconds, got {value!r}") from None
     if not (0 < n <= maximum):  # also refuses nan and inf
         raise ConfigError(f"{key}: must be > 0 and <= {maximum:g} seconds, got {value!r}")
+    return n
+
+
+def parse_factor(value: Any, key: str, maximum: float = 1000.0) -> float:
+    """A finite number >= 1 (e.g. `8`, `2.5`)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    try:
+        n = float(value) if isinstance(value, int | float) else float(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if not (1 <= n <= maximum):  # also refuses nan and inf
+        raise ConfigError(f"{key}: must be >= 1 and <= {maximum:g}, got {value!r}")
     return n
 
 
@@ -221,6 +236,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("data_dir", "directory holding events.db (default: $XDG_DATA_HOME/prospero)", "path"),
     Setting("host", "host label shown in fleet snapshots (default: local)"),
     Setting("poll_interval_ms", "workspace poll cadence in ms (default 2000)", "int"),
+    Setting(
+        "poll_idle_backoff",
+        "a quiet workspace is polled up to this many times less often than --poll-interval-ms "
+        "(default 8; 1 = always at the interval)",
+        "float",
+    ),
+    Setting(
+        "poll_quiet_after_ms",
+        "how long a workspace must be quiet (no change, event, API action) before its polls "
+        "back off, in ms (default 10000)",
+        "int",
+    ),
     Setting("autostart", "spawn caliband for workspaces that have none (default on)", "bool"),
     Setting("caliband_bin", "caliband binary used by autostart (default: caliband)"),
     Setting("default_env", "KEY=VALUE layered under every workspace's caliband env", "kv"),
@@ -485,6 +512,12 @@ def build_config(values: Mapping[str, Any]) -> DaemonConfig:
         cfg.host_label = str(values["host"]) or "local"
     if "poll_interval_ms" in values:
         cfg.poll_interval = parse_int(values["poll_interval_ms"], "poll_interval_ms", 1) / 1000
+    if "poll_idle_backoff" in values:
+        cfg.poll_idle_backoff = parse_factor(values["poll_idle_backoff"], "poll_idle_backoff")
+    if "poll_quiet_after_ms" in values:
+        cfg.poll_quiet_after = (
+            parse_int(values["poll_quiet_after_ms"], "poll_quiet_after_ms", 0) / 1000
+        )
     if "autostart" in values:
         cfg.autostart = parse_bool(values["autostart"], "autostart")
     if "caliband_bin" in values:

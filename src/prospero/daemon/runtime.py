@@ -48,6 +48,10 @@ class DaemonConfig:
     data_dir: Path = field(default_factory=default_data_dir)
     host_label: str = "local"
     poll_interval: float = 2.0
+    # Quiet workspaces are polled less often (FleetConfig): up to `poll_idle_backoff` times
+    # the interval, once quiet for `poll_quiet_after` seconds.
+    poll_idle_backoff: float = FleetConfig.poll_idle_backoff
+    poll_quiet_after: float = FleetConfig.poll_quiet_after
     autostart: bool = True
     caliband_bin: str = "caliband"
     default_env: dict[str, str] = field(default_factory=dict)
@@ -146,6 +150,8 @@ class Runtime:
             FleetConfig(
                 host=cfg.host_label,
                 poll_interval=cfg.poll_interval,
+                poll_idle_backoff=cfg.poll_idle_backoff,
+                poll_quiet_after=cfg.poll_quiet_after,
                 include_thinking=cfg.include_thinking,
                 rate_card=cfg.rate_card,
                 allow_acp=cfg.allow_acp,

@@ -66,7 +66,9 @@ class LocalFleet:
                 return client
             net = self.config.network
             if net is not None:
-                client = CalibandClient(net.endpoint, net.security, timeout=self.config.request_timeout)
+                client = CalibandClient(
+                    net.endpoint, net.security, timeout=self.config.request_timeout
+                )
             else:
                 env = resolve_env(ws.config, self.config.default_env, self._process_env)
                 endpoint = await ensure_caliband(

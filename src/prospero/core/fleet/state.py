@@ -1,6 +1,6 @@
 """What the FleetManager's parts share: its seams (emitter, decisions, driver factories), its
 config, the per-agent slot, and `FleetState`, the attributes and internal calls the
-operation and run-ending mixins (operations.py, ending.py) rely on."""
+FleetManager's mixins (polling.py, supervision.py, operations.py, ending.py) rely on."""
 
 from __future__ import annotations
 
@@ -15,13 +15,22 @@ from prospero.core.drivers.base import (
     DriverTarget,
     EventSink,
 )
+from prospero.core.fleet.catchup import CatchUpGate
 from prospero.core.fleet.provider import FleetProvider
 from prospero.core.metrics import Metrics
+from prospero.core.ownership import Ownership
 from prospero.core.ratecard import RateCard
 from prospero.core.store.base import AgentMetaStore, EventStore
 from prospero.core.wire.control import AgentRecord
 from prospero.types.events import EventKind, FleetEvent
-from prospero.types.model import Agent, AgentMeta, AgentStatus, Posture, RegisteredWorkspace
+from prospero.types.model import (
+    Agent,
+    AgentMeta,
+    AgentStatus,
+    Posture,
+    RegisteredWorkspace,
+    WorkspaceHealth,
+)
 
 NOT_DRIVEN = "this control plane did not spawn it (adopt it to drive it)"
 
@@ -125,11 +134,23 @@ class FleetState:
     config: FleetConfig
     driver_factories: dict[str, DriverFactory]
     decisions: DecisionHooks | None
+    ownership: Ownership
     agents: AgentMetaStore
     _workspaces: dict[str, RegisteredWorkspace]
+    _health: dict[str, WorkspaceHealth]
     _listed: dict[str, dict[str, AgentRecord]]
     _slots: dict[str, AgentSlot]
     _poll_locks: dict[str, asyncio.Lock]
+    _catchup: CatchUpGate
+    # Poll scheduling (polling.py): when each workspace last changed or saw activity, when the
+    # poll loop looks at it next, the event that reschedules the loop, and when the loop
+    # re-reads the registry at the latest.
+    _changed_at: dict[str, float]
+    _due: dict[str, float]
+    _wake: asyncio.Event
+    _registry_due: float
+    _closing_tasks: set[asyncio.Task[None]]
+    _stopping: bool
 
     if TYPE_CHECKING:
 
@@ -140,6 +161,10 @@ class FleetState:
         def get_agent(self, agent_id: str) -> Agent: ...
 
         async def poll_workspace(self, name: str) -> None: ...
+
+        async def _reload_registry(self) -> None: ...
+
+        def _touch(self, name: str) -> None: ...
 
         def _make_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> AgentDriver: ...
 
@@ -152,3 +177,7 @@ class FleetState:
         async def _put_meta(self, meta: AgentMeta) -> None: ...
 
         async def _on_finished(self, agent_id: str) -> None: ...
+
+        async def _conclude(self, agent_id: str, driver: AgentDriver) -> None: ...
+
+        async def _release_worker(self, ws: RegisteredWorkspace, slot: AgentSlot) -> None: ...

@@ -1,0 +1,288 @@
+"""The FleetManager's poll loop and what a poll does: list a workspace's agents through the
+provider, diff the listing into lifecycle events (discovered, status changed, gone), start or
+nudge drivers, and keep the workspace's health. Quiet workspaces are polled less often
+(`FleetConfig.poll_idle_backoff` / `poll_quiet_after`); any activity resets them (`_touch`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from prospero.core import metrics as m
+from prospero.core.aio import wait_for
+from prospero.core.errors import (
+    CalibandUnreachable,
+    ProsperoError,
+    ProtocolError,
+    TransportError,
+)
+from prospero.core.fleet.catchup import FirstSight, first_sight
+from prospero.core.fleet.meta import drivable, effective_status
+from prospero.core.fleet.state import AgentSlot, FleetState
+from prospero.core.wire.control import AgentRecord
+from prospero.types.events import (
+    AgentDiscovered,
+    AgentGone,
+    RepoHealth,
+    StatusChanged,
+    stream_key_for,
+)
+from prospero.types.model import Healthy, RegisteredWorkspace, Unreachable, WorkspaceHealth
+
+log = logging.getLogger("prospero.core.fleet.manager")  # as before the split
+
+
+class Polling(FleetState):
+    async def _poll_loop(self) -> None:
+        """When a workspace is due: reload the registry, poll the workspaces that are due, close
+        stale drivers. A quiet workspace is due less often (`_interval`); one that becomes busy
+        (`_touch`) is due again within `poll_interval`. With nothing due, the registry is still
+        reloaded every `_registry_interval()` (workspaces registered by another writer of the
+        store); an idle fleet wakes this loop only for those."""
+        while not self._stopping:
+            self._wake.clear()
+            now = time.monotonic()
+            try:
+                await self._poll_due()
+                timeout = min([self._registry_due, *self._due.values()]) - time.monotonic()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a poll cycle must never kill the loop
+                log.exception("poll cycle failed")
+                # A workspace whose poll failed stays due: retry in an interval, not at once.
+                timeout = now + self.config.poll_interval - time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await wait_for(self._wake.wait(), max(0.0, timeout))
+
+    def _registry_interval(self) -> float:
+        return self.config.poll_interval * max(1.0, self.config.poll_idle_backoff)
+
+    async def _poll_due(self) -> None:
+        now = time.monotonic()
+        if now < self._registry_due and all(
+            self._due.get(name, 0.0) > now for name in self._workspaces
+        ):
+            return  # woken early (`_touch` of a workspace already due soon): nothing to do
+        self._registry_due = now + self._registry_interval()
+        await self._reload_registry()
+        for name in list(self._workspaces):
+            if self._stopping:
+                return
+            if self._due.get(name, 0.0) > time.monotonic():
+                continue
+            await self._poll(name)
+            now = time.monotonic()
+            self._due[name] = now + self._interval(name, now)
+        # Counted from the cycle's end: a workspace backed off to the same interval is due
+        # first, and its poll re-reads the registry (one wakeup, not two).
+        self._registry_due = time.monotonic() + self._registry_interval()
+        self._close_stale_drivers()
+
+    def _touch(self, name: str) -> None:
+        """Something happened in the workspace (an agent event, an API action, a driver run
+        ended): poll it at the configured interval again, starting now."""
+        now = time.monotonic()
+        self._changed_at[name] = now
+        due = self._due.get(name)
+        if due is not None and due > now + self.config.poll_interval:
+            self._due[name] = now + self.config.poll_interval
+            self._wake.set()
+
+    def _interval(self, name: str, now: float) -> float:
+        """The workspace's next poll interval: `poll_interval` while anything changed in the
+        last `poll_quiet_after` seconds or a terminal grace is running; after that half the
+        time it has been quiet, up to `poll_interval * poll_idle_backoff`."""
+        base = self.config.poll_interval
+        cap = base * self.config.poll_idle_backoff
+        quiet = now - self._changed_at.setdefault(name, now)
+        if cap <= base or quiet < self.config.poll_quiet_after or self._grace_running(name):
+            return base
+        return min(cap, max(base, quiet / 2))
+
+    def _grace_running(self, name: str) -> bool:
+        return any(
+            s.workspace == name
+            and s.terminal_since is not None
+            and s.task is not None
+            and not s.task.done()
+            for s in self._slots.values()
+        )
+
+    async def poll_once(self) -> None:
+        await self._reload_registry()
+        for name in list(self._workspaces):
+            if self._stopping:
+                return
+            await self.poll_workspace(name)
+        self._close_stale_drivers()
+
+    async def poll_workspace(self, name: str) -> None:
+        """Poll the workspace now (after an API action: it is busy from now on)."""
+        self._touch(name)
+        await self._poll(name)
+
+    async def _poll(self, name: str) -> None:
+        ws = self._workspaces.get(name)
+        if ws is None:
+            return
+        lock = self._poll_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            self.metrics.inc(m.REPOS_POLLED)
+            health = self._health.get(name)
+            try:
+                records = await self.provider.list_agents(ws)
+            except (CalibandUnreachable, TransportError, ProtocolError) as e:
+                self.metrics.inc(m.POLL_FAILURES)
+                await self._set_health(name, Unreachable(reason=str(e)))
+                if not isinstance(health, Unreachable):
+                    self._touch(name)
+                return
+            except ProsperoError as e:
+                self.metrics.inc(m.POLL_FAILURES)
+                await self._set_health(name, Unreachable(reason=str(e)))
+                if not isinstance(health, Unreachable):
+                    self._touch(name)
+                return
+            await self._set_health(name, Healthy())
+            listed = self._listed.get(name)
+            await self._reconcile(ws, records)
+            if not isinstance(health, Healthy) or listed != self._listed.get(name):
+                self._touch(name)
+
+    async def _set_health(self, name: str, health: WorkspaceHealth) -> None:
+        prev = self._health.get(name)
+        self._health[name] = health
+        if prev is not None and prev == health:
+            return
+        if prev is None and isinstance(health, Healthy):
+            return
+        if isinstance(prev, Unreachable) and isinstance(health, Unreachable):
+            return  # still down; only transitions are events
+        if self.ownership.owns(f"repo:{name}"):
+            await self.emitter.emit(name, "", RepoHealth(state=health))
+
+    async def _reconcile(self, ws: RegisteredWorkspace, records: list[AgentRecord]) -> None:
+        prev = self._listed.get(ws.name, {})
+        current = {r.id: r for r in records}
+        self._listed[ws.name] = current
+        # Seed the seq counters of every new agent's stream up front, all at once: emitting
+        # to a new stream otherwise waits for one store round trip per agent, in series (and
+        # each agent's driver only starts after its turn). The same goes for what the store
+        # knows of them (metadata, history).
+        prepare = getattr(self.emitter, "prepare", None)
+        new_ids = [r.id for r in records if r.id not in self._slots]
+        if new_ids and prepare is not None:
+            await prepare([stream_key_for(ws.name, agent_id) for agent_id in new_ids])
+        sights = await first_sight(self.store, self.agents, ws.name, new_ids) if new_ids else {}
+        for rec in records:
+            slot = self._slots.get(rec.id)
+            if slot is not None and self._steady(slot, rec, prev.get(rec.id)):
+                continue
+            sight = sights.get(rec.id)
+            if slot is None:
+                slot = self._slots[rec.id] = AgentSlot(workspace=ws.name)
+                slot.meta = sight.meta if sight is not None else None
+                if sight is None or not sight.seen_before:
+                    await self.emitter.emit(ws.name, rec.id, AgentDiscovered())
+            await self._apply_record(ws, slot, rec, prev.get(rec.id), sight)
+        for gone_id in set(prev) - set(current):
+            slot = self._slots.get(gone_id)
+            if slot is not None and slot.record is not None and slot.workspace == ws.name:
+                slot.record = None
+                await self.emitter.emit(ws.name, gone_id, AgentGone())
+                await self._cancel_asks(gone_id, "the agent is gone")
+                await self._close_driver(gone_id)
+
+    @staticmethod
+    def _steady(slot: AgentSlot, rec: AgentRecord, before: AgentRecord | None) -> bool:
+        """Nothing for `_apply_record` to do: the same record object as the last listing (the
+        provider did not even decode it again) and already applied, the agent running with
+        its driver's run going. The common case of an idle fleet's poll, at ~0.3 µs."""
+        return (
+            rec is before
+            and slot.record is rec
+            and slot.terminal_since is None
+            and slot.task is not None
+            and not slot.task.done()
+            and slot.status is not None
+            and not slot.status.terminal
+            and effective_status(rec, slot.meta) == slot.status
+        )
+
+    async def _apply_record(
+        self,
+        ws: RegisteredWorkspace,
+        slot: AgentSlot,
+        rec: AgentRecord,
+        before: AgentRecord | None,
+        sight: FirstSight | None,
+    ) -> None:
+        """One listed record: status diff (as the agent reads), driver start, terminal
+        bookkeeping. `sight` is set the first time this process sees the agent."""
+        old_status = slot.status
+        if old_status is None:
+            old = before or slot.record
+            old_status = effective_status(old, slot.meta) if old is not None else None
+        slot.record = rec
+        slot.workspace = ws.name
+        if slot.target is not None:
+            # The provisional record at spawn has no session dir: drivers read it at use.
+            slot.target.session_dir = slot.target.session_dir or rec.session_dir
+            slot.target.working_dir = slot.target.working_dir or rec.working_dir
+        status = effective_status(rec, slot.meta)
+        slot.status = status
+        if old_status is not None and old_status != status:
+            await self.emitter.emit(
+                ws.name, rec.id, StatusChanged.model_validate({"from": old_status, "to": status})
+            )
+            if slot.driver is not None and slot.task is not None and not slot.task.done():
+                # A driver waiting out a reconnect backoff looks again now: the worker may
+                # be listening, or gone with its transcript complete (before the terminal
+                # grace below closes the driver).
+                slot.driver.nudge()
+        elif before is not None and before.status != rec.status:
+            if slot.driver is not None and slot.task is not None and not slot.task.done():
+                slot.driver.nudge()
+        if status.terminal:
+            if slot.terminal_since is None:
+                slot.terminal_since = time.monotonic()
+                await self._cancel_asks(rec.id, f"the agent is {status.value}")
+                driver = slot.driver
+                if (
+                    driver is not None
+                    and not driver.finished
+                    and (slot.task is None or slot.task.done())
+                    and drivable(rec, slot.meta)
+                ):
+                    # Its driver gave up (refused dials) before the run ended: one more run
+                    # now recovers the tail from the transcript, or concludes the run.
+                    slot.catchup = True
+                    self._ensure_driver(ws, rec)
+            if sight is not None and not sight.finished and drivable(rec, slot.meta):
+                # Ended while no prosperod watched: one run recovers (or concludes) it.
+                slot.catchup = True
+                self._ensure_driver(ws, rec)
+            if slot.meta is not None and slot.meta.outcome is not None:
+                await self._release_worker(ws, slot)
+        else:
+            slot.terminal_since = None
+            if drivable(rec, slot.meta):
+                self._ensure_driver(ws, rec)
+
+    def _close_stale_drivers(self) -> None:
+        """Close drivers of agents that turned terminal a while ago and never finished
+        (killed or crashed workers: their stream will not come back)."""
+        now = time.monotonic()
+        for agent_id, slot in self._slots.items():
+            if slot.terminal_since is None or slot.task is None or slot.task.done():
+                continue
+            if slot.catchup:
+                since, grace = slot.catchup_started, self.config.catchup_grace
+            else:
+                since, grace = slot.terminal_since, self.config.terminal_grace
+            if since is not None and now - since >= grace:
+                task = asyncio.create_task(self._close_driver(agent_id, conclude=True))
+                self._closing_tasks.add(task)
+                task.add_done_callback(self._closing_tasks.discard)

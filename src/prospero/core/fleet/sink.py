@@ -1,0 +1,65 @@
+"""The EventSink the FleetManager hands each agent's driver: every event (or batch of events
+with the driver's resume cursor) goes to the Emitter, and tells the manager the workspace is
+busy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prospero.core.fleet.state import CursorStoreLike, EmitterLike
+from prospero.types.events import CompactKind, EventKind, expand_kind
+
+
+class AgentSink:
+    """A driver's EventSink for one agent; `emit_batch` is the optional batch path drivers
+    use when present (one emitter call, one timestamp, for a whole read of the stream).
+
+    `emit_batch(kinds, cursor)`: the driver's resume state after these events (`kinds` may be
+    empty when only the cursor moved), committed in the same store transaction as them
+    (`Emitter.emit_many`). With an emitter that has no batch path, the events are emitted one
+    by one, flushed, and the cursor saved on its own afterwards (`cursor_store`)."""
+
+    __slots__ = ("agent_id", "cursor_store", "emitter", "on_activity", "repo")
+
+    def __init__(
+        self,
+        emitter: EmitterLike,
+        repo: str,
+        agent_id: str,
+        cursor_store: CursorStoreLike | None = None,
+        on_activity: Callable[[], None] | None = None,
+    ) -> None:
+        self.emitter = emitter
+        self.repo = repo
+        self.agent_id = agent_id
+        self.cursor_store = cursor_store
+        # Told of every event the driver hands over: the workspace is busy (poll it at the
+        # configured interval, its agents' status may change any moment).
+        self.on_activity = on_activity
+
+    async def __call__(self, kind: EventKind) -> None:
+        if self.on_activity is not None:
+            self.on_activity()
+        await self.emitter.emit(self.repo, self.agent_id, kind)
+
+    async def flush(self) -> None:
+        """Wait until what was handed over (events and cursors) is committed: the ACP
+        driver commits a turn's begin before it sends that turn's prompt (at most once)."""
+        await self.emitter.flush()
+
+    async def emit_batch(self, kinds: list[CompactKind], cursor: bytes | None = None) -> None:
+        if kinds and self.on_activity is not None:
+            self.on_activity()
+        emit_many = getattr(self.emitter, "emit_many", None)
+        if emit_many is not None:
+            if cursor is None:
+                await emit_many(self.repo, self.agent_id, kinds)
+            else:
+                await emit_many(self.repo, self.agent_id, kinds, cursor)
+            return
+        for kind in kinds:
+            await self.emitter.emit(self.repo, self.agent_id, expand_kind(kind))
+        if cursor is not None and self.cursor_store is not None:
+            # No transaction to share: the cursor only once its events are stored.
+            await self.emitter.flush()
+            await self.cursor_store.save_cursor(self.agent_id, cursor)

@@ -1,0 +1,162 @@
+"""The FleetManager's driver supervision: one AgentDriver per driven agent, built from the
+drive protocol's factory, run under an ownership lease (catch-up runs with bounded
+concurrency), closed (and asked to conclude a run that never ended) when the agent turns
+terminal or goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from prospero.core import metrics as m
+from prospero.core.aio import wait_for
+from prospero.core.drivers.base import AgentDriver, DriverExit, DriverTarget
+from prospero.core.errors import ProsperoError, Unsupported
+from prospero.core.fleet.meta import drive_protocol
+from prospero.core.fleet.sink import AgentSink
+from prospero.core.fleet.state import AgentSlot, CursorStoreLike, FleetState
+from prospero.core.wire.control import AgentRecord, Endpoint
+from prospero.types.events import TurnLost
+from prospero.types.model import AgentStatus, RegisteredWorkspace
+
+log = logging.getLogger("prospero.core.fleet.manager")  # as before the split
+
+
+class DriverSupervision(FleetState):
+    def _make_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> AgentDriver:
+        slot = self._slots.setdefault(rec.id, AgentSlot(workspace=ws.name, record=rec))
+        protocol = drive_protocol(rec, slot.meta)
+        factory = self.driver_factories.get(protocol)
+        if factory is None:
+            raise Unsupported(f"no driver for drive protocol '{protocol}'")
+        agent_id = rec.id
+
+        def status() -> AgentStatus | None:
+            current = self._slots.get(agent_id)
+            return current.record.status if current is not None and current.record else None
+
+        async def resolve() -> Endpoint:
+            return await self.provider.attach(ws, agent_id)
+
+        workspace = ws.name
+        sink = AgentSink(
+            self.emitter, ws.name, agent_id, self.store, on_activity=lambda: self._touch(workspace)
+        )
+
+        target = DriverTarget(
+            agent_id=agent_id,
+            workspace=ws.name,
+            resolve_endpoint=resolve,
+            security=self.provider.security(ws),
+            interactive=rec.spec.interactive,
+            spec=rec.spec,
+            working_dir=rec.working_dir,
+            session_dir=rec.session_dir,
+            meta=slot.meta,
+            status=status,
+        )
+        slot.target = target
+        cursor_store: CursorStoreLike | None = self.store  # EventStore carries cursors
+        return factory(target, sink, self.config.driver_options(), self.metrics, cursor_store)
+
+    def _ensure_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> None:
+        if self._stopping:
+            return
+        slot = self._slots.get(rec.id)
+        if slot is None:
+            slot = self._slots[rec.id] = AgentSlot(workspace=ws.name, record=rec)
+        if slot.task is not None and not slot.task.done():
+            return
+        if slot.driver is not None and slot.driver.finished:
+            return
+        if slot.driver is None:
+            try:
+                slot.driver = self._make_driver(ws, rec)
+            except ProsperoError as e:
+                log.warning("cannot drive agent %s: %s", rec.id, e)
+                return
+        driver = slot.driver
+        self.metrics.add_gauge(m.ACTIVE_ATTACHES, 1)
+        run = self._run_catchup if slot.catchup else self._run_driver
+        slot.task = asyncio.create_task(run(rec.id, driver), name=f"driver-{rec.id}")
+        # A run that ends (finished, gave up, closed) changes what the next poll does.
+        workspace = ws.name
+
+        def ended(_task: asyncio.Task[DriverExit]) -> None:
+            self._touch(workspace)
+
+        slot.task.add_done_callback(ended)
+
+    async def _run_catchup(self, agent_id: str, driver: AgentDriver) -> DriverExit:
+        """A catch-up run waits for its turn (bounded concurrency); its grace starts then."""
+        async with self._catchup:
+            slot = self._slots.get(agent_id)
+            if slot is not None:
+                slot.catchup_started = time.monotonic()
+            return await self._run_driver(agent_id, driver)
+
+    async def _run_driver(self, agent_id: str, driver: AgentDriver) -> DriverExit:
+        lease = await self.ownership.try_acquire(agent_id)
+        if lease is None:
+            self.metrics.add_gauge(m.ACTIVE_ATTACHES, -1)
+            return DriverExit.closed
+        try:
+            exit_ = await driver.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("driver for %s crashed", agent_id)
+            await self._record_lost_turn(agent_id, driver, "the driver crashed mid-turn")
+            return DriverExit.gave_up
+        finally:
+            self.metrics.add_gauge(m.ACTIVE_ATTACHES, -1)
+        if exit_ is DriverExit.finished:
+            await self._on_finished(agent_id)
+        return exit_
+
+    async def _record_lost_turn(self, agent_id: str, driver: AgentDriver, reason: str) -> None:
+        """A driver that died with a turn in flight (ACP: `turn_in_flight`) cannot record the
+        loss itself: put the explicit `turn_lost` on the agent's stream for it."""
+        turn = getattr(driver, "turn_in_flight", None)
+        slot = self._slots.get(agent_id)
+        if not isinstance(turn, int) or slot is None:
+            return
+        with contextlib.suppress(Exception):
+            await self.emitter.emit(slot.workspace, agent_id, TurnLost(turn=turn, reason=reason))
+
+    async def _cancel_asks(self, agent_id: str, reason: str) -> None:
+        """Resolve the agent's pending permission decisions as cancelled (best effort)."""
+        if self.decisions is None:
+            return
+        try:
+            n = await self.decisions.cancel_agent(agent_id, reason)
+        except Exception as e:
+            log.warning("agent %s: cannot cancel its pending decisions: %s", agent_id, e)
+            return
+        if n:
+            log.info("agent %s: %d pending decision(s) cancelled: %s", agent_id, n, reason)
+
+    async def _close_driver(self, agent_id: str, *, conclude: bool = False) -> None:
+        """Close the agent's driver. With `conclude` (a terminal agent whose run never ended
+        in the stream), the driver records the end itself once closed (contract 4:
+        `conclude` is a no-op for a driver that already finished)."""
+        slot = self._slots.get(agent_id)
+        if slot is None or slot.driver is None:
+            return
+        driver = slot.driver
+        await driver.close()
+        if slot.task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await wait_for(asyncio.shield(slot.task), 5.0)
+        if conclude:
+            await self._conclude(agent_id, driver)
+        await self.ownership.release(agent_id)
+
+    async def wait_driver(self, agent_id: str, timeout: float | None = None) -> DriverExit | None:
+        """Test/ops helper: wait for the agent's current driver run to end."""
+        slot = self._slots.get(agent_id)
+        if slot is None or slot.task is None:
+            return None
+        return await wait_for(asyncio.shield(slot.task), timeout)
