@@ -3,7 +3,8 @@ each worker socket measured in the same run. Not a test.
 
     uv run python bench/fanout.py [--agents 50] [--watchers 50] [--rate 5000]
                                   [--reps 3] [--window 4] [--stream agent|fleet]
-                                  [--curve 1,10,50,200] [--profile out.prof]
+                                  [--curve 1,10,50,200] [--profile out.prof] [--split]
+                                  [--slow 1]
 
 Layout (2 processes, like production): a real prosperod (Runtime + uvicorn with the daemon's
 h11 protocol and full middleware chain, `prospero.daemon.main.serve`) runs in a child process;
@@ -28,7 +29,15 @@ the store). The last line of a single point is
 `fanout watchers=W rate=R sse_p50_ms=.. sse_p99_ms=.. raw_p50_ms=.. raw_p99_ms=.. ratio_p99=..`.
 
 `--curve 1,10,50,200` runs one fresh stack per watcher count and prints a table (the cost
-curve). `--profile PATH` runs prosperod under cProfile, enabled only during the measurement
+curve). `--slow N` ("a slow watcher never delays the others") runs the point twice on fresh
+stacks: as usual, then with N more SSE watchers on the fleet stream (every frame: its socket
+fills within seconds) that connect with a tiny receive buffer and never read a byte; it
+prints the others' p99 both ways and `slow_ratio_p99` = p99 without / p99 with (>= 0.5: within
+2x; ~1: unchanged). After the windows the slow watchers read again: prosperod's `bus_lagged`
+(> 0: they lagged, as they must, instead of being buffered) and their lost/duplicated frames
+(0: healed from the store) are printed too.
+
+`--profile PATH` runs prosperod under cProfile, enabled only during the measurement
 windows (the latencies of that run are inflated by the profiler: take the numbers from a run
 without it), and prints the top entries.
 """
@@ -56,6 +65,7 @@ READ_SIZE = 256 * 1024
 STARTUP_TIMEOUT = 60.0
 WARMUP_TIMEOUT = 60.0
 DRAIN_TIMEOUT = 15.0
+SLOW_RCVBUF = 4096  # bytes: the --slow watchers' socket receive buffer
 TICK = 0.001  # producer pacing step (s)
 POLL = 0.05
 
@@ -191,6 +201,39 @@ async def sse_reader(port: int, target: str, sink: Sink, ready: asyncio.Event) -
         w.close()
 
 
+async def slow_reader(
+    port: int, target: str, sink: Sink, ready: asyncio.Event, resume: asyncio.Event
+) -> None:
+    """An SSE client that reads the response head and then nothing until `resume` (a tiny
+    receive buffer, so the server's socket fills up quickly and prosperod's writes to it
+    block); then it reads everything, like `sse_reader`, to check it healed from the store."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SLOW_RCVBUF)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    r, w = await asyncio.open_connection(sock=sock, limit=READ_SIZE)
+    try:
+        w.write(
+            f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Accept: text/event-stream\r\n\r\n".encode()
+        )
+        await w.drain()
+        head = await r.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"SSE {target}: {head[:200]!r}")
+        transport: Any = w.transport
+        transport.pause_reading()  # read nothing more for now
+        ready.set()
+        await resume.wait()
+        transport.resume_reading()
+        while data := await r.read(READ_SIZE):
+            sink.feed(data)
+    finally:
+        w.close()
+
+
 def cpu_ticks(pid: int, tid: int | None = None) -> int:
     """utime + stime of a process (or of one of its threads) in clock ticks."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
@@ -239,6 +282,10 @@ class Point:
     raw_lost: int
     load_before: str
     load_after: str
+    slow: int = 0
+    bus_lagged: float = 0.0
+    slow_lost: int = 0  # frames the slow watchers never got once they read again
+    slow_duplicates: int = 0
 
 
 def read_stamps(path: str) -> dict[int, int]:
@@ -278,7 +325,9 @@ async def spawn_child(
     return proc, port
 
 
-async def run_point(args: argparse.Namespace, watchers: int, profile: str | None) -> Point:
+async def run_point(
+    args: argparse.Namespace, watchers: int, profile: str | None, slow: int = 0
+) -> Point:
     import httpx
 
     from prospero.core.discovery import socket_path_for
@@ -332,6 +381,13 @@ async def run_point(args: argparse.Namespace, watchers: int, profile: str | None
             sse.append(s)
             watched.append(agent)
             tasks.append(asyncio.create_task(sse_reader(port, target, s, ready)))
+            await asyncio.wait_for(ready.wait(), STARTUP_TIMEOUT)
+        slow_sinks = [Sink(clock, f"slow-{i}") for i in range(slow)]
+        resume = asyncio.Event()
+        for s in slow_sinks:
+            ready = asyncio.Event()
+            # The fleet stream: every frame (~1 MB/s at 5k frames/s) fills its socket quickly.
+            tasks.append(asyncio.create_task(slow_reader(port, "/api/stream", s, ready, resume)))
             await asyncio.wait_for(ready.wait(), STARTUP_TIMEOUT)
 
         # agent_discovered + turn_started (read from the worker) per agent: prosperod drives it.
@@ -429,19 +485,30 @@ async def run_point(args: argparse.Namespace, watchers: int, profile: str | None
         first = windows[0].lo
         want_sse = [expected(w, first, end) for w in range(watchers)]
 
+        resume.set()  # the slow watchers read again: they must heal from the store
+
         async def drained() -> None:
             while True:
-                if all(got(s, first, end) >= want_sse[w] for w, s in enumerate(sse)):
+                if all(got(s, first, end) >= want_sse[w] for w, s in enumerate(sse)) and all(
+                    got(s, first, end) >= end - first for s in slow_sinks
+                ):
                     return
                 await asyncio.sleep(POLL)
 
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(drained(), DRAIN_TIMEOUT)
         lost = sum(want_sse[w] - got(s, first, end) for w, s in enumerate(sse))
+        slow_lost = sum(end - first - got(s, first, end) for s in slow_sinks)
         raw_lost = sum(
             sum(1 for k in range(first, end) if agent_of[k] == a) - got(s, first, end)
             for a, s in enumerate(raw)
         )
+
+        bus_lagged = 0.0
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            r = await http.get("/api/metrics")
+            if r.status_code == 200:
+                bus_lagged = float(r.json().get("bus_lagged", 0))
 
         published: dict[int, int] = {}
         if split:  # stop prosperod now: it writes its publish stamps at exit
@@ -492,6 +559,10 @@ async def run_point(args: argparse.Namespace, watchers: int, profile: str | None
             raw_lost=raw_lost,
             load_before=load_before,
             load_after=load_after,
+            slow=slow,
+            bus_lagged=bus_lagged,
+            slow_lost=slow_lost,
+            slow_duplicates=sum(s.duplicates for s in slow_sinks),
         )
     finally:
         for t in tasks:
@@ -519,7 +590,10 @@ def med(rows: list[dict[str, float]], key: str) -> tuple[float, float, float]:
 
 
 def report(p: Point) -> None:
-    print(f"-- watchers={p.watchers} rate={p.rate}/s  loadavg {p.load_before} -> {p.load_after}")
+    slow = f" + {p.slow} slow (reading nothing)" if p.slow else ""
+    print(
+        f"-- watchers={p.watchers}{slow} rate={p.rate}/s  loadavg {p.load_before} -> {p.load_after}"
+    )
     for i, r in enumerate(p.rows):
         print(
             f"  window {i + 1}: {r['frames_per_s']:.0f} frames/s, {r['sse_events']:.0f} SSE "
@@ -543,8 +617,13 @@ def report(p: Point) -> None:
         print(f"  {k:14s} median {m:8.3f}{unit}  [{lo:.3f}-{hi:.3f}]")
     print(
         f"  gaps received {p.gaps}, SSE frames lost {p.lost}, duplicated {p.duplicates}; "
-        f"raw frames lost {p.raw_lost}"
+        f"raw frames lost {p.raw_lost}; prosperod bus_lagged {p.bus_lagged:.0f}"
     )
+    if p.slow:
+        print(
+            f"  slow watchers, once reading again: frames lost {p.slow_lost}, duplicated "
+            f"{p.slow_duplicates} (healed from the store)"
+        )
 
 
 def summary_line(p: Point) -> str:
@@ -626,6 +705,30 @@ async def main(args: argparse.Namespace) -> None:
                 f"{m['raw_p99']:10.2f} | {m['ratio_p99']:9.3f} | {m['prosperod_cpu']:5.0f}%"
             )
         return
+    if args.slow:
+        base = await run_point(args, args.watchers, None)
+        report(base)
+        print(summary_line(base), flush=True)
+        with_slow = await run_point(args, args.watchers, None, slow=args.slow)
+        report(with_slow)
+        print(summary_line(with_slow), flush=True)
+        b, w = med(base.rows, "sse_p99"), med(with_slow.rows, "sse_p99")
+        bw, ww = med(base.rows, "sse_p50"), med(with_slow.rows, "sse_p50")
+        print(
+            f"\nslow watchers={args.slow}: the other {args.watchers} watchers' SSE p99 "
+            f"{b[0]:.2f} ms [{b[1]:.2f}-{b[2]:.2f}] without, {w[0]:.2f} ms [{w[1]:.2f}-{w[2]:.2f}] "
+            f"with; p50 {bw[0]:.2f} -> {ww[0]:.2f} ms; others lost {with_slow.lost}, duplicated "
+            f"{with_slow.duplicates}; slow watchers lagged (bus_lagged "
+            f"{with_slow.bus_lagged:.0f}) and healed: lost {with_slow.slow_lost}, duplicated "
+            f"{with_slow.slow_duplicates}"
+        )
+        print(
+            f"fanout_slow watchers={args.watchers} slow={args.slow} rate={args.rate} "
+            f"sse_p99_ms={b[0]:.2f} sse_p99_slow_ms={w[0]:.2f} "
+            f"slow_ratio_p99={b[0] / w[0]:.3f} bus_lagged={with_slow.bus_lagged:.0f} "
+            f"slow_lost={with_slow.slow_lost}"
+        )
+        return
     profile = args.profile
     p = await run_point(args, args.watchers, profile)
     report(p)
@@ -648,6 +751,13 @@ if __name__ == "__main__":
         ap.add_argument("--warmup", type=float, default=1.0, help="seconds before window 1")
         ap.add_argument("--stream", choices=["agent", "fleet"], default="agent")
         ap.add_argument("--curve", help="comma-separated watcher counts, one stack each")
+        ap.add_argument(
+            "--slow",
+            type=int,
+            default=0,
+            help="also run with this many extra SSE watchers that never read (slow-watcher "
+            "isolation: the others' p99 with/without)",
+        )
         ap.add_argument("--profile", help="cProfile prosperod during the windows into PATH")
         ap.add_argument("--top", type=int, default=30, help="profile entries to print")
         ap.add_argument(

@@ -154,7 +154,6 @@ async def make_stack(
         *,
         tokens: dict[str, str] | TokenTable | None = None,
         heartbeat: float = 15.0,
-        stream_buffer: int = 256,
         bus_buffer: int = 1024,
         workspace: bool = True,
         line_delay: float = 0.0,
@@ -179,7 +178,6 @@ async def make_stack(
         settings = ApiSettings(
             tokens=token_table(tokens),
             heartbeat_interval=heartbeat,
-            stream_buffer=stream_buffer,
             **(api or {}),  # more ApiSettings knobs (auth_failure_limit, session_ttl, ...)
         )
         server = ApiServer(create_app(runtime, settings), "127.0.0.1", 0, graceful_timeout=3)

@@ -219,9 +219,9 @@ async def test_fleet_stream_resume_under_random_disconnects(make_stack: StackFac
 
 
 async def test_slow_consumer_gets_gap_then_every_event(make_stack: StackFactory) -> None:
-    # Tiny bus and connection buffers: a reader that stops reading while ~25 MB are produced
-    # (more than the socket buffers hold) must lag, then heal from the store.
-    stack = await make_stack(bus_buffer=4, stream_buffer=1)
+    # A tiny bus buffer: a reader that stops reading while ~25 MB are produced (more than the
+    # socket buffers hold) must lag, then heal from the store.
+    stack = await make_stack(bus_buffer=4)
     agent_id = await stack.spawn("big-250", interactive=True)
     await stack.wait_status(agent_id, "idle")
     store = stack.runtime.store
@@ -339,7 +339,7 @@ async def test_filtered_busy_stream_still_heartbeats() -> None:
             ev = FleetEvent(seq=n, ts="t", repo="ws", agent_id="a", kind=Output(chunk="x"))
             yield StoredEvent(n, ev)
 
-    hub = StreamHub(ApiSettings(heartbeat_interval=0.05, stream_buffer=8), Metrics())
+    hub = StreamHub(ApiSettings(heartbeat_interval=0.05), Metrics())
     session = hub.open(busy_output(), fleet_frame_for(frozenset({"agent_finished"})))
     try:
 

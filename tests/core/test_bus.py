@@ -164,3 +164,66 @@ async def test_bus_close_ends_subscriptions_after_draining() -> None:
 async def test_buffer_must_be_positive() -> None:
     with pytest.raises(ValueError):
         InProcessBus(buffer=0)
+
+
+async def test_batch_takes_everything_ready_in_order_with_the_lag_at_the_hole() -> None:
+    bus = InProcessBus(buffer=3)
+    sub = bus.subscribe("a")
+    for s in range(1, 6):  # 1..3 kept, 4, 5 dropped
+        bus.publish(item("a", s))
+    got = list(await sub.batch())
+    assert [(i.event.seq if isinstance(i, BusItem) else i) for i in got] == [1, 2, 3, Lagged(2)]
+    assert sub.pending() == 0
+    # A waiting batch() wakes on the next publish and gets what was published before it ran.
+    waiter = asyncio.create_task(sub.batch())
+    await asyncio.sleep(0)
+    bus.publish(item("a", 6))
+    bus.publish(item("a", 7))
+    got = list(await asyncio.wait_for(waiter, 5))
+    assert [i.event.seq for i in got if isinstance(i, BusItem)] == [6, 7]
+    sub.close()
+    with pytest.raises(StopAsyncIteration):
+        await sub.batch()
+
+
+async def test_interrupt_makes_a_waiting_batch_return_empty_once() -> None:
+    bus = InProcessBus()
+    sub = bus.subscribe("a")
+    waiter = asyncio.create_task(sub.batch())
+    await asyncio.sleep(0)
+    sub.interrupt()
+    assert list(await asyncio.wait_for(waiter, 5)) == []
+    # Queued items win over a pending interrupt, which is reported once the queue is empty.
+    sub.interrupt()
+    bus.publish(item("a", 1))
+    assert [i.event.seq for i in await sub.batch() if isinstance(i, BusItem)] == [1]
+    assert list(await sub.batch()) == []
+    waiter = asyncio.create_task(sub.batch())
+    await asyncio.sleep(0)
+    assert not waiter.done()  # the interrupt was consumed
+    bus.close()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(waiter, 5)
+
+
+async def test_bus_item_json_is_the_event_json_encoded_once() -> None:
+    import orjson
+
+    from prospero.core.bus import event_json
+    from prospero.types.events import AgentFinished, ToolStarted
+
+    kinds = [
+        Output(chunk="plain"),
+        Output(stream="thinking", chunk='q"uote\\ \n\t\u00e9\u2028\U0001f600 \x00 \x1f'),
+        Output(chunk=""),
+        ToolStarted(id="t1", name="Read", input={"path": "a", "n": 1.5, "deep": [1, None, True]}),
+        AgentFinished(outcome="EndOfTurn", turns=2),
+    ]
+    for i, kind in enumerate(kinds):
+        for repo, agent in (("ws", "a"), ("ws", ""), ("", "")):
+            ev = FleetEvent(seq=i + 1, ts=now_ts(), repo=repo, agent_id=agent, kind=kind)
+            want = orjson.dumps(ev.to_json())
+            assert event_json(ev) == want
+            it = BusItem(7, ev)
+            assert it.json == want and it.json is it.json  # cached
+            assert it == BusItem(7, ev)  # the cache is not part of equality

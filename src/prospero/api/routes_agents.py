@@ -122,7 +122,7 @@ async def agent_session(
     bad = control_char_in_name(agent_id)
     if bad is not None:  # no agent can have such an id: refuse rather than wait forever
         raise InvalidRequest(f"agent id {describe_bad_char(*bad)}")
-    follower = follow_stream(st.store, st.bus, agent_id, start, close_on_finish=True, raw=True)
+    follower = follow_stream(st.store, st.bus, agent_id, start, close_on_finish=True)
     session = st.hub.open(follower, agent_frame)
     try:
         yield session

@@ -98,7 +98,7 @@ async def fleet_session(
     kinds: Annotated[frozenset[str] | None, Depends(kind_filter)],
 ) -> AsyncIterator[StreamSession]:
     frame = fleet_frame if kinds is None else fleet_frame_for(kinds)
-    session = st.hub.open(follow_fleet(st.store, st.bus, after, raw=True), frame)
+    session = st.hub.open(follow_fleet(st.store, st.bus, after), frame)
     try:
         yield session
     finally:

@@ -23,10 +23,6 @@ class ApiSettings:
     max_body_bytes: int = MAX_BODY_BYTES
     # Seconds of silence on an SSE stream before a `: heartbeat` comment line.
     heartbeat_interval: float = 15.0
-    # Items buffered per SSE connection between the store/bus follower and the socket. A
-    # consumer slower than this makes the follower lag; it then self-heals with a `gap` event
-    # and a replay from the store, so memory per connection stays bounded.
-    stream_buffer: int = 256
     # Write an access-log line per request (path only: the query string may hold a token).
     access_log: bool = True
     # Slow clients (api/h11_protocol.py, BodyLimitMiddleware): seconds a request gets for its

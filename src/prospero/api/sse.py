@@ -2,13 +2,13 @@
 
 Served by `SseResponse` (a StreamingResponse of `StreamSession.chunks()`), not by FastAPI's
 native SSE (`EventSourceResponse` + yielded `ServerSentEvent`s), which costs one send through
-its producer/keep-alive streams and the middleware chain per event (issue 11). Here stored
-history arrives from the follower as JSON bytes a page at a time (`subscription.RawPage`,
-spliced by the store, never decoded into models) and leaves as one `http.response.body`
-message per batch of SSE frames: whatever is queued when the socket is ready goes out in one
-write (at most about MAX_WRITE bytes), live events included. The bytes are exactly what
-`format_sse_event` wrote for each event before. The OpenAPI entry is the one FastAPI writes for
-an SSE generator (`SSE_RESPONSES`).
+its producer/keep-alive streams and the middleware chain per event (issue 11). Here events
+arrive from the follower as JSON bytes (`subscription.RawPage`): stored history a page at a
+time (spliced by the store, never decoded into models), live events as every event the bus
+queued for the connection since its last wake-up (each event's JSON encoded once, for all its
+watchers: `BusItem.json`); each page leaves as one `http.response.body` message, i.e. one
+socket write. The bytes are exactly what `format_sse_event` wrote for each event before. The
+OpenAPI entry is the one FastAPI writes for an SSE generator (`SSE_RESPONSES`).
 
 * on a client disconnect the response simply stops, so the per-connection resources live in a
   `StreamSession` opened by a request-scoped yield dependency, whose teardown releases them as
@@ -30,9 +30,9 @@ Resume: `?from=N` (per agent: `seq >= N`; fleet: `ordinal >= N`) or the `Last-Ev
 header (resume strictly after that id). When both are sent the header wins: it is what a
 browser's EventSource sends on auto-reconnect, while its URL still carries the original `from`.
 
-Memory per connection is bounded: a follower (store replay in pages + a bounded bus queue)
-feeds a bounded queue of `stream_buffer` items; when the socket is slower than the producer,
-the follower's bus queue overflows and it self-heals (gap + replay) instead of buffering.
+Memory per connection is bounded: the follower reads the store in pages and its bus queue is
+bounded; when the socket is slower than the producer, that queue overflows and the follower
+self-heals (gap + replay) instead of buffering.
 """
 
 from __future__ import annotations
@@ -48,20 +48,17 @@ from starlette.responses import StreamingResponse
 
 from prospero.api.metrics_text import API_SSE_STREAMS
 from prospero.api.settings import ApiSettings
-from prospero.core.aio import wait_for
 from prospero.core.metrics import Metrics
 from prospero.core.store.base import StoredEvent
-from prospero.core.subscription import GapSignal, RawPage
+from prospero.core.subscription import IDLE, GapSignal, RawPage
 from prospero.types.events import FleetEvent
 
 log = logging.getLogger(__name__)
 
-_END = object()
-_CLOSE = object()
-
 HEARTBEAT_FRAME = b": heartbeat\n\n"
-# Bytes of frames joined into one socket write at most (a bigger batch waits for the next).
-MAX_WRITE = 1 << 20
+# A heartbeat timer that fires this early (the loop runs timers up to its clock resolution
+# ahead) still counts as due.
+TIMER_SLACK = 0.001
 
 # The OpenAPI description of an SSE 200 (what FastAPI documents for a generator endpoint).
 SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -149,13 +146,21 @@ class SseResponse(StreamingResponse):
 
 
 class StreamSession:
-    """One SSE connection: a pump task moving follower items into a bounded queue, and the
-    consumer side (`chunks()`) that `SseResponse` streams.
+    """One SSE connection: `chunks()` (what `SseResponse` streams) iterates the follower in
+    the response's own task and writes each item it yields as one chunk — a history page, or
+    every live event the bus queued for it since its last wake-up — so a live event costs one
+    task wake-up per burst, not one per event, and no queue sits between the follower and the
+    socket. Heartbeats come from one timer per session (re-armed once per interval, not per
+    event), which interrupts a follower waiting for live events.
 
     Opened by a request-scoped yield dependency whose teardown calls `close()`, because the
     endpoint's async generator is NOT closed when a client disconnects mid-stream (the
     framework just stops iterating it); the teardown runs deterministically after the response
-    ends, so the pump, the follower and its bus subscription are released at once.
+    ends, so the follower, its bus subscription and the timer are released at once.
+
+    A slow socket blocks the response's send, so the follower stops being iterated: its bus
+    queue overflows and it self-heals (gap + replay from the store) once the socket drains;
+    `publish` never waits for it, so the other connections are not delayed.
     """
 
     def __init__(
@@ -167,98 +172,76 @@ class StreamSession:
         self.hub = hub
         self.source = source
         self.frame = frame
-        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=max(1, hub.settings.stream_buffer))
-        # Set by the consumer whenever it took items: a `RawPage` (up to RAW_PAGE events) is
-        # queued only behind at most one other, so memory stays bounded by pages, not items.
-        self._taken = asyncio.Event()
         self.closed = False
         self._released = False
-        self._task = asyncio.create_task(self._pump(), name="sse-pump")
+        # The follower's `interrupt()` (a plain async iterator has none: it gets heartbeats
+        # only between items).
+        self._interrupt: Callable[[], None] | None = getattr(source, "interrupt", None)
+        self._interval = hub.settings.heartbeat_interval
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._last_write = loop.time()
+        self._beat_due = False
+        self._timer: asyncio.TimerHandle | None = loop.call_at(
+            self._last_write + self._interval, self._on_timer
+        )
 
-    async def _pump(self) -> None:
-        try:
-            async for item in self.source:
-                if type(item) is RawPage:
-                    while self.queue.qsize() >= 2 and not self.closed:
-                        self._taken.clear()
-                        await self._taken.wait()
-                await self.queue.put(item)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("SSE follower failed; closing the stream")
-        finally:
-            await _aclose(self.source)
-        await self.queue.put(_END)
+    def _on_timer(self) -> None:
+        if self.closed:
+            self._timer = None
+            return
+        loop = self._loop
+        due = self._last_write + self._interval
+        now = loop.time()
+        if now + TIMER_SLACK < due:  # something was written since: wait for the new deadline
+            self._timer = loop.call_at(due, self._on_timer)
+            return
+        self._beat_due = True
+        self._timer = loop.call_at(now + self._interval, self._on_timer)
+        if self._interrupt is not None:
+            self._interrupt()  # a waiting follower yields IDLE: chunks() writes the heartbeat
 
     def stop(self) -> None:
-        """Ask the consumer to finish (shutdown); it ends without draining the queue."""
+        """Ask the consumer to finish (shutdown); it ends without writing what is pending."""
         self.closed = True
-        self._taken.set()  # a pump waiting to queue a page sees `closed`
-        with contextlib.suppress(asyncio.QueueFull):
-            self.queue.put_nowait(_CLOSE)  # wakes a consumer blocked on an empty queue
+        if self._interrupt is not None:
+            self._interrupt()  # wakes a follower waiting for live events
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The stream's bytes: every item queued by the time the socket is ready again goes
-        out as one chunk of SSE frames (at most about MAX_WRITE bytes); a heartbeat after
-        `heartbeat_interval` of silence, also on a busy stream whose items are all filtered
-        out."""
-        heartbeat = self.hub.settings.heartbeat_interval
-        queue = self.queue
+        """The stream's bytes: one chunk per follower item (a page of history, or the live
+        events that were ready together); a heartbeat after `heartbeat_interval` of silence,
+        also on a busy stream whose items are all filtered out."""
         frame = self.frame
-        loop = asyncio.get_running_loop()
-        quiet_since = loop.time()
-        while not self.closed:
-            try:
-                item = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                try:
-                    item = await wait_for(queue.get(), heartbeat)
-                except TimeoutError:
-                    quiet_since = loop.time()
-                    yield HEARTBEAT_FRAME
-                    continue
-            parts: list[bytes] = []
-            size = 0
-            end = False
-            while True:
-                if item is _END or item is _CLOSE or self.closed:
-                    end = True
-                    break
-                b = frame(item)
-                if b:
-                    parts.append(b)
-                    size += len(b)
-                    if size >= MAX_WRITE:
-                        break
-                try:
-                    item = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    break
-            self._taken.set()
-            if parts:
-                quiet_since = loop.time()
-                yield parts[0] if len(parts) == 1 else b"".join(parts)
-            elif not end and loop.time() - quiet_since >= heartbeat:
-                quiet_since = loop.time()
-                yield HEARTBEAT_FRAME
-            if end:
-                return
+        loop = self._loop
+        interval = self._interval
+        try:
+            async for item in self.source:
+                if self.closed:
+                    return
+                b = None if item is IDLE else frame(item)
+                if not b:
+                    if not self._beat_due and loop.time() - self._last_write < interval:
+                        continue
+                    b = HEARTBEAT_FRAME
+                self._beat_due = False
+                self._last_write = loop.time()
+                yield b
+                if self.closed:
+                    return
+        except Exception:
+            log.exception("SSE follower failed; closing the stream")
 
     async def close(self) -> None:
-        """Release everything (idempotent): pump task, follower, queued items, registration."""
+        """Release everything (idempotent): timer, follower, registration."""
         self.closed = True
         if self._released:
             return
         self._released = True
         self.hub._release(self)
-        self._taken.set()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await wait_for(self._task, 5.0)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         await _aclose(self.source)
-        while not self.queue.empty():
-            self.queue.get_nowait()
 
 
 class StreamHub:

@@ -2,12 +2,16 @@
 
 Items are `BusItem(ordinal, event)` — `ordinal` is the store ordinal, None when the event could
 not be persisted — or `Lagged(n)`: the subscriber fell `n` items behind and they were dropped.
-Consumers heal a lag by re-reading the store (see `prospero.core.subscription`).
+Consumers heal a lag by re-reading the store (see `prospero.core.subscription`). A `BusItem`
+encodes its event once, for all its subscribers (`BusItem.json`, computed on first use).
 
 `InProcessBus` gives each subscriber its own bounded queue: `publish` never blocks and never
 waits for a slow consumer; on overflow the *incoming* items are dropped and counted, and the
 subscriber later receives one `Lagged(n)` exactly where the hole is (after the items it did
-get, before anything newer). Memory per subscriber is bounded by `buffer` items.
+get, before anything newer). Memory per subscriber is bounded by `buffer` items. A consumer
+takes items one at a time (`async for`) or everything ready at once (`batch()`: one wake-up per
+burst, not one per item); `interrupt()` makes a waiting `batch()` return an empty batch (the
+SSE session's heartbeat timer uses it instead of a timeout around every wait).
 
 Not thread-safe: publish and consume on the event loop's thread.
 """
@@ -16,18 +20,52 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol
 
+import orjson
+
 from prospero.core.metrics import BUS_LAGGED, Metrics
-from prospero.types.events import FleetEvent
+from prospero.types.events import FleetEvent, Output
+
+
+def event_json(ev: FleetEvent) -> bytes:
+    """`orjson.dumps(ev.to_json())`, byte for byte; an `Output` (most live events) without the
+    pydantic round trip (its fields are plain strings: the same JSON, tested)."""
+    kind = ev.kind
+    if type(kind) is Output:
+        try:
+            return orjson.dumps(
+                {
+                    "seq": ev.seq,
+                    "ts": ev.ts,
+                    "repo": ev.repo,
+                    "agent_id": ev.agent_id,
+                    "kind": {"kind": "output", "stream": kind.stream, "chunk": kind.chunk},
+                }
+            )
+        except TypeError:  # e.g. a lone surrogate: let the general path decide
+            pass
+    return orjson.dumps(ev.to_json())
 
 
 @dataclass(frozen=True, slots=True)
 class BusItem:
     ordinal: int | None
     event: FleetEvent
+    _json: bytes | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def json(self) -> bytes:
+        """The event's JSON (`orjson.dumps(event.to_json())`), encoded once for every
+        subscriber that asks."""
+        data = self._json
+        if data is None:
+            data = event_json(self.event)
+            object.__setattr__(self, "_json", data)
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +79,15 @@ class BusSubscription(Protocol):
     def __aiter__(self) -> BusSubscription: ...
 
     async def __anext__(self) -> BusItem | Lagged: ...
+
+    async def batch(self) -> Sequence[BusItem | Lagged]:
+        """Everything queued, in order (waits for at least one item); an empty batch once
+        after `interrupt()`; StopAsyncIteration when closed (or the bus closed) and drained."""
+        ...
+
+    def interrupt(self) -> None:
+        """Make the current (or next) `batch()` wait return an empty batch; never blocks."""
+        ...
 
     def close(self) -> None: ...
 
@@ -56,7 +103,7 @@ class Bus(Protocol):
 
 
 class InProcessSubscription:
-    __slots__ = ("_bus", "_closed", "_dropped", "_queue", "_waiter", "key")
+    __slots__ = ("_bus", "_closed", "_dropped", "_interrupted", "_queue", "_waiter", "key")
 
     def __init__(self, bus: InProcessBus, key: str | None) -> None:
         self._bus = bus
@@ -65,6 +112,7 @@ class InProcessSubscription:
         self._dropped = 0
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
+        self._interrupted = False
 
     # -- producer side (called by the bus) ---------------------------------------------------
 
@@ -111,6 +159,29 @@ class InProcessSubscription:
             finally:
                 self._waiter = None
 
+    async def batch(self) -> Sequence[BusItem | Lagged]:
+        while True:
+            if self._dropped:
+                self._flush_lag()  # the hole is at the end: nothing newer got in since
+            queue = self._queue
+            if queue:
+                self._queue = deque()
+                return queue
+            if self._interrupted:
+                self._interrupted = False
+                return ()
+            if self._closed:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def interrupt(self) -> None:
+        self._interrupted = True
+        self._wake()
+
     def pending(self) -> int:
         """Items queued and ready (a pending Lagged marker included)."""
         return len(self._queue) + (1 if self._dropped else 0)
@@ -136,6 +207,20 @@ class InProcessSubscription:
         self.close()
 
 
+def _offer_all(subs: set[InProcessSubscription], item: BusItem, buffer: int) -> None:
+    """`sub._offer(item, buffer)` for each, with the common case (room, no lag) inlined.
+    Offering never changes the subscriber sets: wake-ups are scheduled, not run here."""
+    for sub in subs:
+        queue = sub._queue
+        if sub._dropped or len(queue) >= buffer:
+            sub._offer(item, buffer)
+            continue
+        queue.append(item)
+        w = sub._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
 class InProcessBus:
     """Broadcast to per-subscriber bounded queues, filtered by stream key."""
 
@@ -151,13 +236,12 @@ class InProcessBus:
     def publish(self, item: BusItem) -> None:
         if self._closed:
             return
-        subs = self._by_key.get(item.event.stream_key)
+        ev = item.event
+        subs = self._by_key.get(ev.agent_id or ev.stream_key)
         if subs:
-            for sub in tuple(subs):
-                sub._offer(item, self.buffer)
+            _offer_all(subs, item, self.buffer)
         if self._all:
-            for sub in tuple(self._all):
-                sub._offer(item, self.buffer)
+            _offer_all(self._all, item, self.buffer)
 
     def subscribe(self, stream_key: str | None = None) -> InProcessSubscription:
         sub = InProcessSubscription(self, stream_key)
