@@ -2,10 +2,13 @@
 FleetManager + NdjsonDriver + Emitter + SQLite, against a raw ceiling measured in the same run
 on the same lines (read the same sockets, orjson parse, batched SQLite insert, no Prospero).
 
-    uv run python bench/ingest.py [--agents 200] [--lines 1000]
+    uv run python bench/ingest.py [--agents 200] [--lines 1000] [--reps 3]
 
-Both figures count TurnEvent lines consumed per second. The last line is exactly
-`ingest events_per_s=<E> ceiling_per_s=<C> ratio=<E/C>`.
+Both figures count TurnEvent lines consumed per second. Each repetition measures the ceiling,
+then Prospero (a fresh manager and store), on the same agents (interactive workers replay their
+whole run to every connection); each repetition's ratio is printed, then the median with
+[min-max]. The last line is exactly `ingest events_per_s=<E> ceiling_per_s=<C> ratio=<E/C>`
+(the medians over repetitions; `ratio` is the median of the per-repetition ratios).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import os
 import shutil
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -149,11 +153,21 @@ async def prospero(root: str, n_agents: int, per_agent: int, want_events: int, d
     return n_agents * per_agent / elapsed
 
 
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--agents", type=int, default=200)
     ap.add_argument("--lines", type=int, default=1000, help="lines per agent (<= 1024)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions (median, min-max)")
     args = ap.parse_args()
+    if args.reps < 1:
+        sys.exit("--reps must be >= 1")
     if not 2 <= args.lines <= 1024:
         sys.exit("--lines must be within 2..1024 so each agent's replay holds its whole run")
     tmp = Path(tempfile.mkdtemp(prefix="pr-bench-", dir="/tmp"))
@@ -181,11 +195,24 @@ async def main() -> None:
             await asyncio.sleep(0.05)
         lines = per_agent * args.agents
         print(f"setup: {args.agents} agents x {per_agent} lines = {lines} TurnEvents", flush=True)
-        c = await ceiling(endpoints, per_agent, tmp / "ceiling.db")
-        print(f"ceiling: {c:,.0f} lines/s (read + orjson + batched sqlite insert)", flush=True)
-        e = await prospero(str(root.resolve()), args.agents, per_agent, want, tmp / "events.db")
-        print(f"prospero: {e:,.0f} lines/s -> {want} events stored", flush=True)
-        print(f"ingest events_per_s={e:.0f} ceiling_per_s={c:.0f} ratio={e / c:.3f}")
+        cs: list[float] = []
+        es: list[float] = []
+        ratios: list[float] = []
+        for r in range(1, args.reps + 1):
+            c = await ceiling(endpoints, per_agent, tmp / f"ceiling{r}.db")
+            print(f"rep {r} ceiling: {c:,.0f} lines/s (read + orjson + batched sqlite insert)")
+            db = tmp / f"events{r}.db"
+            e = await prospero(str(root.resolve()), args.agents, per_agent, want, db)
+            print(f"rep {r} prospero: {e:,.0f} lines/s -> {want} events stored")
+            print(f"rep {r} ratio {e / c:.3f}  (loadavg {_loadavg()})", flush=True)
+            cs.append(c)
+            es.append(e)
+            ratios.append(e / c)
+        med = statistics.median
+        print(f"ratio median {med(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]")
+        print(
+            f"ingest events_per_s={med(es):.0f} ceiling_per_s={med(cs):.0f} ratio={med(ratios):.3f}"
+        )
     finally:
         await fake.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -135,6 +135,9 @@ class LineCursor(Generic[P]):
         self.ring = ring  # the worker's replay length (caliban: 1024)
         self._seen = 0
         self._held: list[bytes] = []  # digests of lines seen-len+1 .. seen
+        # The same digests concatenated, kept in step with `_held` (`held_blob`: the resume
+        # snapshot's digests without a per-snapshot join or encoding).
+        self._held_bytes = bytearray()
         self._matching = False
         self._buf: list[tuple[bytes, P]] = []
         self._alive: list[int] = []  # candidate replay starts (absolute, ascending), overlap > 0
@@ -177,9 +180,12 @@ class LineCursor(Generic[P]):
         """Digests of the held lines, oldest first (lines seen-held+1 .. seen)."""
         return self._held[-self.window :]
 
+    def held_blob(self) -> bytes:
+        """`held_digests()` concatenated (DIGEST_SIZE bytes each): cheap, for snapshots."""
+        return bytes(self._held_bytes[-self.window * DIGEST_SIZE :])
+
     def begin_connection(self) -> None:
-        if len(self._held) > self.window:
-            del self._held[: len(self._held) - self.window]
+        self._trim(self.window)
         self._reset_matching()
         # Nothing held: every line is new (the first connection, or a fresh cursor).
         self._matching = self._seen > 0
@@ -189,10 +195,7 @@ class LineCursor(Generic[P]):
         if self._matching:
             raise RuntimeError("commit_many while a replay is being matched")
         self._seen += len(digests)
-        held = self._held
-        held.extend(digests)
-        if len(held) > 2 * self.window:
-            del held[: len(held) - self.window]
+        self._extend(digests)
 
     def rebase(self, seen: int, digests: list[bytes]) -> None:
         """Continue from line `seen` whose last lines have `digests` (from the transcript,
@@ -200,7 +203,7 @@ class LineCursor(Generic[P]):
         if len(digests) > seen:
             raise ValueError("more digests than lines")
         self._seen = seen
-        self._held = list(digests[-self.window :])
+        self._set_held(list(digests[-self.window :]))
         self._reset_matching()
 
     def push(self, digest: bytes, payload: P) -> list[NewLine[P] | Gap]:
@@ -272,10 +275,7 @@ class LineCursor(Generic[P]):
             # Not matching: every remaining line is new (the `_commit` fast path, in bulk).
             rest_d = digests[i:] if i else digests
             self._seen += len(rest_d)
-            held = self._held
-            held.extend(rest_d)
-            if len(held) > 2 * self.window:
-                del held[: len(held) - self.window]
+            self._extend(rest_d)
             if out:
                 out.extend(payloads[i:])
             else:
@@ -339,7 +339,21 @@ class LineCursor(Generic[P]):
         if len(held) > seen:
             raise ValueError("cursor holds more digests than lines seen")
         self._seen = seen
-        self._held = held[-self.window :]
+        self._set_held(held[-self.window :])
+        self._reset_matching()
+        self._matching = False
+
+    def restore_blob(self, seen: int, blob: bytes) -> None:
+        """`restore` from `seen` and `held_blob()` (a compact snapshot). Raises ValueError."""
+        if type(seen) is not int or seen < 0:
+            raise ValueError("cursor state lacks seen")
+        if len(blob) % DIGEST_SIZE:
+            raise ValueError("cursor digests are truncated")
+        held = [blob[k : k + DIGEST_SIZE] for k in range(0, len(blob), DIGEST_SIZE)]
+        if len(held) > seen:
+            raise ValueError("cursor holds more digests than lines seen")
+        self._seen = seen
+        self._set_held(held[-self.window :])
         self._reset_matching()
         self._matching = False
 
@@ -348,8 +362,25 @@ class LineCursor(Generic[P]):
     def _commit(self, digest: bytes) -> None:
         self._seen += 1
         self._held.append(digest)
+        self._held_bytes += digest
         if len(self._held) > 2 * self.window:
-            del self._held[: len(self._held) - self.window]
+            self._trim(self.window)
+
+    def _extend(self, digests: list[bytes]) -> None:
+        self._held.extend(digests)
+        self._held_bytes += b"".join(digests)
+        if len(self._held) > 2 * self.window:
+            self._trim(self.window)
+
+    def _trim(self, keep: int) -> None:
+        extra = len(self._held) - keep
+        if extra > 0:
+            del self._held[:extra]
+            del self._held_bytes[: extra * DIGEST_SIZE]
+
+    def _set_held(self, held: list[bytes]) -> None:
+        self._held = held
+        self._held_bytes = bytearray(b"".join(held))
 
     def _reset_matching(self) -> None:
         self._buf = []

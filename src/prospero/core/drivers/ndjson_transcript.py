@@ -3,7 +3,10 @@
 `TranscriptReading` is mixed into `NdjsonDriver` (see its module docstring): transcript tail
 mode for a live connection (`_read_tail`), the check and positioning before it
 (`_open_tail`, with `_rebase` after a slow-reader hole), and recovery when the socket is gone
-(`_from_transcript`). The file work itself is `transcript.Transcript`, run in a thread.
+(`_from_transcript`). The file work itself is `transcript.Transcript`, run in a thread, except
+the live tail's reads of a little new data (`_read_new`), done on the loop: a thread round trip
+per read would cost more than the read and add a loop turn (or more, behind a busy default
+executor) to every frame's latency.
 """
 
 from __future__ import annotations
@@ -27,6 +30,19 @@ log = logging.getLogger("prospero.core.drivers.ndjson")
 # seconds without a bell or a line, the timed looks at the file back off, up to TAIL_IDLE_POLL.
 TAIL_QUIET_AFTER = 5.0
 TAIL_IDLE_POLL = 120.0
+# A read of at most this many new bytes is done on the event loop (a page-cache read: tens of
+# microseconds at most); a larger backlog (catching up) is read in a thread.
+INLINE_READ = 256 * 1024
+
+
+async def _read_new(tail: Transcript) -> list[bytes | OversizedLine]:
+    """`tail.read_new()`: on the loop when less than INLINE_READ bytes are new (one pread),
+    else in a thread. The same lines either way (the read size only changes how they are
+    chunked)."""
+    batch = tail.read_available(INLINE_READ)
+    if batch is not None:
+        return batch  # type: ignore[return-value]
+    return await asyncio.to_thread(tail.read_new)
 
 
 class TranscriptReading:
@@ -89,7 +105,7 @@ class TranscriptReading:
                 bell.clear()
                 at_eof = eof  # read before the file: a line written before EOF is still read
                 try:
-                    batch = await asyncio.to_thread(tail.read_new)
+                    batch = await _read_new(tail)
                 except TranscriptError as e:
                     log.warning("agent %s: transcript read failed: %s", agent, e.detail)
                     break

@@ -76,6 +76,7 @@ from prospero.types.model import RegisteredWorkspace, RepoProviderConfig
 
 log = logging.getLogger(__name__)
 
+
 T = TypeVar("T")
 
 # What `submit_append` takes: events, runs of events, and cursor marks, in order.
@@ -210,6 +211,33 @@ _UPSERT_CURSOR = (
     "INSERT INTO cursors (key, data) VALUES (?, ?) "
     "ON CONFLICT (key) DO UPDATE SET data = excluded.data"
 )
+
+# Several cursor rows in one statement (one sqlite3 step: one GIL release, where
+# `executemany` takes one per row); at most this many rows per statement.
+_CURSORS_PER_UPSERT = 64
+
+
+def _upsert_cursors_sql(n: int) -> str:
+    return (
+        "INSERT INTO cursors (key, data) VALUES "
+        + ",".join(["(?, ?)"] * n)
+        + " ON CONFLICT (key) DO UPDATE SET data = excluded.data"
+    )
+
+
+_UPSERT_CURSORS_SQL: dict[int, str] = {}
+
+
+def _upsert_cursors(conn: sqlite3.Connection, marks: Mapping[str, bytes]) -> None:
+    """Write the cursor rows (distinct keys) in few statements."""
+    items = list(marks.items())
+    for at in range(0, len(items), _CURSORS_PER_UPSERT):
+        part = items[at : at + _CURSORS_PER_UPSERT]
+        sql = _UPSERT_CURSORS_SQL.get(len(part))
+        if sql is None:
+            sql = _UPSERT_CURSORS_SQL[len(part)] = _upsert_cursors_sql(len(part))
+        conn.execute(sql, [v for k, data in part for v in (k, bytes(data))])
+
 
 _SELECT_EVENT_COLS = "seq, ts, repo, agent_id, kind"
 
@@ -676,7 +704,7 @@ class SqliteEventStore:
                 if usage_rows:
                     conn.executemany(_UPSERT_USAGE, usage_rows)
                 if marks:
-                    conn.executemany(_UPSERT_CURSOR, [(k, bytes(v)) for k, v in marks.items()])
+                    _upsert_cursors(conn, marks)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
