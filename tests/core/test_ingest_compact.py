@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from prospero.core.drivers.base import DriverOptions, DriverTarget
 from prospero.core.drivers.line_cursor import LineCursor, line_digest, line_digests
-from prospero.core.drivers.ndjson import COMPACT_MAGIC, NdjsonDriver
+from prospero.core.drivers.ndjson import NdjsonDriver
+from prospero.core.drivers.ndjson_state import COMPACT_MAGIC
 from prospero.core.drivers.ndjson_transcript import INLINE_READ, _read_new
 from prospero.core.drivers.transcript import Transcript
 from prospero.core.metrics import Metrics

@@ -436,14 +436,14 @@ async def test_runs_publish_the_same_events_as_single_emits(tmp_path: Path) -> N
 
 
 def test_compact_output_serialises_like_the_model() -> None:
-    from prospero.core.store.sqlite import _output_json
+    from prospero.core.store.rows import output_json
 
     text = "".join(chr(c) for c in range(0x2400) if not 0xD800 <= c < 0xE000)
     text += '\U0001f600\U0010fffd \\ " \u2028\u2029\x7f'
     for stream in ("stdout", "thinking"):
         for chunk in (text, "", text[::-7]):
             model = Output(stream=stream, chunk=chunk)  # type: ignore[arg-type]
-            assert _output_json(stream, chunk) == model.model_dump_json(by_alias=True)
+            assert output_json(stream, chunk) == model.model_dump_json(by_alias=True)
             assert expand_kind(compact_kind(model)) == model
     other = ToolStarted(id="x")
     assert compact_kind(other) is other and expand_kind(other) is other

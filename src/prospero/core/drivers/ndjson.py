@@ -23,13 +23,9 @@ ended on the wire, the transcript is read to its end at once; if it holds no `Ru
 the driver concludes the run itself (`agent_finished{outcome: crashed | killed}`, open tool calls
 closed) and returns `finished`.
 
-Resume state (line cursor + normaliser state + terminal flag) is persisted. A sink whose
-`emit_batch` takes `cursor=` gets the full snapshot with every batch, so the store commits the
-cursor in the same transaction as the events it covers: a restarted prosperod re-emits nothing
-already stored. That snapshot is the compact form (`_snapshot(compact=True)`: a small header
-and the held digests as raw bytes, a few microseconds per read); `_load_state` reads it and the
-JSON form the `CursorStore` path saves. Other sinks use the `CursorStore` (periodically and at the end of every
-connection; after a crash up to ~`save_interval` seconds of events may repeat).
+Resume state (line cursor + normaliser state + terminal flag) is persisted, with every batch
+when the sink takes a cursor (one transaction with the events it covers), else through the
+`CursorStore`: the snapshot forms and their saving and loading are `ndjson_state.ResumeState`.
 """
 
 from __future__ import annotations
@@ -62,6 +58,7 @@ from prospero.core.drivers.line_cursor import (
     line_digest,
     line_digests,
 )
+from prospero.core.drivers.ndjson_state import ResumeState
 from prospero.core.drivers.ndjson_transcript import TranscriptReading
 from prospero.core.drivers.transcript import Transcript, digests_of
 from prospero.core.errors import Unsupported
@@ -84,12 +81,6 @@ from prospero.types.events import (
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
-# The compact snapshot (what goes with every batch to a cursor-taking sink, see `_snapshot`):
-# this prefix (never the start of JSON), the header's length (4 bytes, big-endian), the
-# header (JSON: everything but the digests), then the cursor's held digests as raw bytes.
-COMPACT_MAGIC = b"\x00PC2"
-COMPACT_VERSION = 2
 TAIL_RETRY = 1.0  # seconds between looks for a transcript while reading the socket
 
 
@@ -115,7 +106,7 @@ def _takes_cursor(fn: BatchFn) -> bool:
         return False
 
 
-class NdjsonDriver(TranscriptReading, ReconnectingDriver):
+class NdjsonDriver(ResumeState, TranscriptReading, ReconnectingDriver):
     """AgentDriver for caliban's NDJSON attach stream."""
 
     protocol = "ndjson"
@@ -509,119 +500,3 @@ class NdjsonDriver(TranscriptReading, ReconnectingDriver):
     async def _send(self, frame: dict[str, Any]) -> None:
         endpoint = await self.target.resolve_endpoint()
         await send_one_line(endpoint, self.target.security, orjson.dumps(frame))
-
-    # ---- persistence ----------------------------------------------------------------------
-
-    def _snapshot(self, *, compact: bool = False) -> bytes:
-        """The resume state. `compact` (taken with every batch a cursor-taking sink commits,
-        so it must be cheap): a small JSON header and the held digests as they are, with no
-        per-snapshot encoding (a few microseconds, where the JSON form's base64 of the 16 KiB
-        of digests costs tens). `_load_state` reads either form."""
-        if compact:
-            header = orjson.dumps(
-                {
-                    "v": COMPACT_VERSION,
-                    "protocol": self.protocol,
-                    "seen": self.cursor.seen,
-                    "normalizer": self.normalizer.state(),
-                    "terminal": self._terminal,
-                }
-            )
-            return b"".join(
-                (COMPACT_MAGIC, len(header).to_bytes(4, "big"), header, self.cursor.held_blob())
-            )
-        return orjson.dumps(
-            {
-                "v": STATE_VERSION,
-                "protocol": self.protocol,
-                "cursor": self.cursor.state(),
-                "normalizer": self.normalizer.state(),
-                "terminal": self._terminal,
-            }
-        )
-
-    @staticmethod
-    def _parse_state(data: bytes, cursor: LineCursor[bytes | None]) -> dict[str, Any]:
-        """Restore `cursor` from a snapshot (either form); returns the rest of the state.
-        Raises ValueError (or orjson.JSONDecodeError) when it is unreadable."""
-        if data.startswith(COMPACT_MAGIC):
-            at = len(COMPACT_MAGIC)
-            size = int.from_bytes(data[at : at + 4], "big")
-            end = at + 4 + size
-            if len(data) < end:
-                raise ValueError("truncated compact cursor state")
-            state = orjson.loads(data[at + 4 : end])
-            if not isinstance(state, dict) or state.get("v") != COMPACT_VERSION:
-                raise ValueError(f"unsupported cursor state version {state!r:.40}")
-            cursor.restore_blob(state.get("seen"), data[end:])  # type: ignore[arg-type]
-            return state
-        state = orjson.loads(data)
-        if not isinstance(state, dict) or state.get("v") != STATE_VERSION:
-            raise ValueError(f"unsupported cursor state version {state!r:.40}")
-        cursor.restore(state.get("cursor"))
-        return cast(dict[str, Any], state)
-
-    async def _save(self) -> None:
-        """Persist the state if it changed since the last save. Never raises."""
-        store = self.cursor_store
-        via_sink = self._sink_takes_cursor
-        if store is None and not via_sink:
-            return
-        if self._in_batch or self._batch_interrupted or not self._loaded:
-            return
-        async with self._save_lock:
-            version = self._version
-            if version == self._saved_version:
-                return
-            data = self._snapshot(compact=via_sink)  # synchronously: consistent with the sink
-            try:
-                if via_sink:
-                    assert self._batch_sink is not None
-                    await self._batch_sink([], cursor=data)  # ordered after queued events
-                else:
-                    assert store is not None
-                    await store.save_cursor(self.target.agent_id, data)
-            except Exception as e:
-                log.warning("agent %s: cannot save the stream cursor: %s", self.target.agent_id, e)
-                return
-            self._saved_version = max(self._saved_version, version)
-
-    async def _saver(self) -> None:
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(max(0.01, self.save_interval - (time.monotonic() - last)))
-            last = time.monotonic()
-            await self._save()
-
-    async def _load_state(self) -> None:
-        if self._loaded:
-            return
-        self._loaded = True
-        store = self.cursor_store
-        assert store is not None
-        try:
-            data = await store.load_cursor(self.target.agent_id)
-        except Exception as e:
-            log.warning("agent %s: cannot load the stream cursor: %s", self.target.agent_id, e)
-            return
-        if not data:
-            return
-        try:
-            cursor: LineCursor[bytes | None] = LineCursor(self.cursor.window, self.cursor.ring)
-            state = self._parse_state(bytes(data), cursor)
-        except (ValueError, orjson.JSONDecodeError) as e:
-            log.warning(
-                "agent %s: ignoring an unreadable stream cursor (history may repeat): %s",
-                self.target.agent_id,
-                e,
-            )
-            return
-        self.cursor = cursor
-        self.normalizer.restore(state.get("normalizer"))
-        self._terminal = state.get("terminal") is True
-        log.info(
-            "agent %s: resuming the stream after %d lines%s",
-            self.target.agent_id,
-            cursor.seen,
-            " (finished)" if self._terminal else "",
-        )
