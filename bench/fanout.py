@@ -79,7 +79,7 @@ def child_main(argv: list[str]) -> None:
     import cProfile
 
     from prospero.core.bus import BusItem
-    from prospero.daemon.main import serve, setup_logging
+    from prospero.daemon.main import serve, setup_logging, tune_gc
     from prospero.daemon.runtime import DaemonConfig, Runtime
 
     ap = argparse.ArgumentParser()
@@ -91,6 +91,7 @@ def child_main(argv: list[str]) -> None:
     if a.switch_interval:
         sys.setswitchinterval(a.switch_interval)
     setup_logging("text", "warning")
+    tune_gc()  # as prosperod's main() does
     prof = cProfile.Profile() if a.profile else None
 
     async def on_ready(server: Any) -> None:
