@@ -12,6 +12,7 @@ import pytest
 
 from prospero.api.sse import agent_frame
 from prospero.core.bus import BusItem, InProcessBus
+from prospero.core.drivers.ndjson_state import BASE_SUFFIX
 from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
 from prospero.core.fleet.manager import _AgentSink
@@ -605,3 +606,22 @@ async def test_agent_sink_without_a_batch_path_saves_the_cursor_after_its_events
     assert cursors.saved == [("a", b"c1", 2)]  # saved once both events were flushed
     await sink.emit_batch([Output(chunk="z")])
     assert len(cursors.saved) == 1
+
+
+async def test_a_base_row_commits_with_its_delta_in_one_transaction(db: Path) -> None:
+    """The FleetManager's sink hands a driver's base row and delta cursor to the emitter
+    together: both are stored with the events they cover, under their own keys."""
+    store = SqliteEventStore(db)
+    await store.open()
+    emitter = Emitter(store, InProcessBus())
+    try:
+        sink = _AgentSink(emitter, "r", "a1", None)
+        await sink.emit_batch([("stdout", "x")], cursor=b"delta-1", cursor_base=b"base-1")
+        await sink.emit_batch([("stdout", "y")], cursor=b"delta-2")
+        await emitter.flush()
+        assert await store.load_cursor("a1") == b"delta-2"
+        assert await store.load_cursor("a1" + BASE_SUFFIX) == b"base-1"
+        assert [e.seq for e in await store.replay("a1", 1)] == [1, 2]
+    finally:
+        await emitter.close()
+        await store.close()

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prospero.core.drivers.base import DriverOptions, DriverTarget
 from prospero.core.drivers.line_cursor import LineCursor, line_digest, line_digests
 from prospero.core.drivers.ndjson import NdjsonDriver
-from prospero.core.drivers.ndjson_state import COMPACT_MAGIC
+from prospero.core.drivers.ndjson_state import BASE_MAGIC, COMPACT_MAGIC, DELTA_MAX
 from prospero.core.drivers.ndjson_transcript import INLINE_READ, _read_new
 from prospero.core.drivers.transcript import Transcript
 from prospero.core.metrics import Metrics
@@ -100,6 +100,59 @@ def test_compact_and_json_snapshots_restore_the_same_state() -> None:
         assert rest["terminal"] is False
     with pytest.raises(ValueError):
         NdjsonDriver._parse_state(compact[:12], LineCursor())
+
+
+def _restore(delta: bytes, base: bytes | None) -> LineCursor[bytes | None]:
+    cursor: LineCursor[bytes | None] = LineCursor()
+    NdjsonDriver._parse_state(delta, cursor, base)
+    return cursor
+
+
+def test_base_and_delta_snapshots_restore_the_cursor_at_every_step() -> None:
+    """Base + delta (what the FleetManager's sink gets): a base row at the first snapshot,
+    then only deltas until DELTA_MAX lines have passed or the cursor was re-based; every
+    (latest delta, latest base) pair restores exactly the cursor it was taken from."""
+    d = _driver()
+    base: bytes | None = None
+    bases = 0
+    n = 0
+    for step, k in enumerate([1, 5, 100, 150, 1, 300, 2, 2, 4000, 7, 0, 3]):
+        lines = [orjson.dumps(scripts.text_delta(f"s{step} w{i} ", 0)) for i in range(k)]
+        if step == 9:  # a slow-reader hole: re-based on the transcript (a new epoch)
+            d.cursor.rebase(n + 50, line_digests(lines)[:5])
+            n += 50
+        d.cursor.commit_many(line_digests(lines))
+        n += k
+        delta, new_base = d._snapshot_marks()
+        if new_base is not None:
+            assert new_base.startswith(BASE_MAGIC)
+            base, bases = new_base, bases + 1
+        assert len(delta) < 200 + DELTA_MAX * 8  # never the whole window
+        cursor = _restore(delta, base)
+        assert cursor.seen == d.cursor.seen == n
+        assert cursor.held_digests() == d.cursor.held_digests()
+    # The first snapshot, the 300- and 4000-line steps (past DELTA_MAX), the re-base.
+    assert bases == 4
+
+
+def test_a_delta_that_does_not_fit_its_base_is_refused() -> None:
+    d = _driver()
+    d.cursor.commit_many(line_digests([b"a", b"b", b"c"]))
+    delta1, base1 = d._snapshot_marks()
+    assert base1 is not None
+    d.cursor.commit_many(line_digests([b"d"]))
+    delta2, base2 = d._snapshot_marks()
+    assert base2 is None
+    assert _restore(delta2, base1).seen == 4
+    with pytest.raises(ValueError, match="base row is missing"):
+        _restore(delta2, None)
+    d.cursor.commit_many(line_digests([b"x%d" % i for i in range(DELTA_MAX + 1)]))
+    delta3, base3 = d._snapshot_marks()
+    assert base3 is not None
+    with pytest.raises(ValueError, match="does not fit its base"):
+        _restore(delta3, base1)  # an older base (its delta's base was never stored)
+    with pytest.raises(ValueError, match="does not fit its base"):
+        _restore(delta1, base3)
 
 
 async def test_tail_reads_are_the_same_lines_inline_or_in_a_thread(tmp_path: Path) -> None:

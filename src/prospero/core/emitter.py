@@ -48,13 +48,21 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future as ConcurrentFuture
-from dataclasses import dataclass
 
 from prospero.core.bus import Bus, BusItem
+from prospero.core.emitter_queue import (
+    Entry,
+    InFlight,
+    Submit,
+    encodable,
+    expand_any,
+    failure,
+    materialise,
+    take,
+)
 from prospero.core.errors import SeqConflict, StoreError
 from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, Metrics
 from prospero.core.store.base import CursorMark, EventStore
-from prospero.core.store.reduce import free_form_safe, needs_check, reduce_kind
 from prospero.types.events import (
     EVENT_KIND_TYPES,
     CompactKind,
@@ -71,24 +79,6 @@ from prospero.types.events import (
 log = logging.getLogger(__name__)
 
 
-# A queued entry: one event, a run of consecutive events of one stream (`emit_many`), or a
-# driver's resume state to commit with the events queued before it (`emit_many(cursor=)`).
-_Entry = FleetEvent | EventRun | CursorMark
-
-
-@dataclass(slots=True)
-class _InFlight:
-    """The batch the store is committing on the submit path."""
-
-    entries: list[_Entry]
-    size: int  # events
-    units: int  # events and cursor marks (what `_advance` counts)
-    future: ConcurrentFuture[list[int]]
-
-
-_Submit = Callable[
-    [Sequence[_Entry], ConcurrentFuture[list[int]] | None], ConcurrentFuture[list[int]]
-]
 # Batches handed to a submitting store at once: the next one is queued while one commits, so
 # the store thread goes straight from one to the next.
 _PIPELINE_DEPTH = 2
@@ -97,52 +87,6 @@ _POLL_MAX = 0.002
 
 
 _OUTPUT_STREAMS = frozenset({"stdout", "thinking"})
-
-
-def _expand_any(kind: object) -> EventKind:
-    """A kind for validation: a (stream, chunk) pair becomes the Output it stands for."""
-    if type(kind) is tuple and len(kind) == 2:
-        return Output(stream=kind[0], chunk=kind[1])
-    # Anything else goes to validation as it is (which reports it).
-    return kind  # type: ignore[return-value]
-
-
-def _materialise(entries: list[_Entry]) -> tuple[list[FleetEvent], dict[str, bytes]]:
-    """The entries' events, and their cursor marks (the last of each key)."""
-    out: list[FleetEvent] = []
-    cursors: dict[str, bytes] = {}
-    for e in entries:
-        t = type(e)
-        if t is EventRun:
-            out.extend(e.events())  # type: ignore[union-attr]
-        elif t is CursorMark:
-            cursors[e.key] = e.data  # type: ignore[union-attr]
-        else:
-            out.append(e)  # type: ignore[arg-type]
-    return out, cursors
-
-
-def _failure(future: ConcurrentFuture[list[int]], size: int) -> BaseException | None:
-    """The error of a finished store future (None when it succeeded)."""
-    if future.cancelled():
-        return StoreError("append cancelled")
-    error = future.exception()
-    if error is None and len(future.result()) != size:
-        return StoreError(f"store returned {len(future.result())} ordinals for {size} events")
-    return error
-
-
-def _encodable(ev: FleetEvent) -> FleetEvent:
-    """The event, or its reduced form if it is poison (what the store would have stored): the
-    live view of events that were not stored must still be encodable (SSE)."""
-    kind = ev.kind
-    try:
-        kind.__pydantic_serializer__.to_json(kind, by_alias=True)
-        if not needs_check(kind) or free_form_safe(kind):
-            return ev
-    except ValueError:
-        pass
-    return ev.model_copy(update={"kind": reduce_kind(kind)})
 
 
 class Emitter:
@@ -166,7 +110,7 @@ class Emitter:
         self.max_conflict_retries = max_conflict_retries
         self._next: dict[str, int] = {}
         self._seeding: dict[str, asyncio.Future[None]] = {}
-        self._pending: deque[_Entry] = deque()  # events (runs count as len(run) events)
+        self._pending: deque[Entry] = deque()  # events (runs count as len(run) events)
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -180,11 +124,11 @@ class Emitter:
         # while the drivers work. Up to _PIPELINE_DEPTH batches are in flight, each queued
         # `after` the previous one; failures go to the writer task (`_recover`).
         submitter = getattr(store, "batch_submitter", None)
-        self._submitter: Callable[[], _Submit | None] | None = (
+        self._submitter: Callable[[], Submit | None] | None = (
             submitter if callable(submitter) else None
         )
         # Batches handed to the store, oldest first (each queued `after` the previous one).
-        self._inflight: deque[_InFlight] = deque()
+        self._inflight: deque[InFlight] = deque()
         self._slow = False  # the writer task is handling a failed commit: submit nothing
         self._closing = False
         self._closed = False
@@ -251,6 +195,7 @@ class Emitter:
         cursor: bytes | None = None,
         *,
         ts: str | None = None,
+        cursor_extra: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         """`emit` each kind, in order, on one stream: consecutive seqs, one `ts` for the batch
         (stamped now unless given). Same durability and back-pressure as `emit` (a batch may
@@ -265,14 +210,16 @@ class Emitter:
         not at all when that append fails. With no kinds, the cursor alone is queued, and
         commits in order. `flush()` covers it. Events a driver emits one by one (`emit`)
         between two cursors are not held back for the next cursor: a driver that wants
-        exactness passes every event of the agent through here."""
+        exactness passes every event of the agent through here.
+
+        `cursor_extra`: more (key, data) cursor rows, queued just before `cursor` and so
+        committed in the same transaction as it (a driver's base row beside its delta)."""
         if self._closing:
             raise StoreError("emitter is closed")
         if not kinds:
             if cursor is not None:
                 self._start_writer()
-                self._pending.append(CursorMark(agent_id, bytes(cursor)))
-                self._enqueued += 1
+                self._queue_cursor(agent_id, cursor, cursor_extra)
                 self._wakeup.set()
                 self._pump()
             return
@@ -310,21 +257,30 @@ class Emitter:
             self._pending.append(EventRun(repo, agent_id, stamp, seq, run))
         else:  # not plainly valid: build (and so validate, or raise) the models now
             evs = FleetEvent.trusted_batch(
-                seq, stamp, repo, agent_id, [_expand_any(k) for k in kinds]
+                seq, stamp, repo, agent_id, [expand_any(k) for k in kinds]
             )
             if cursor is None:
                 self._pending.extend(evs)
-            else:  # one run: never split from its cursor (see `_take`)
+            else:  # one run: never split from its cursor (see `emitter_queue.take`)
                 e0 = evs[0]
                 kinds_ = [compact_kind(e.kind) for e in evs]
                 self._pending.append(EventRun(e0.repo, e0.agent_id, e0.ts, seq, kinds_))
         self._next[key] = seq + n
         self._enqueued += n
         if cursor is not None:
-            self._pending.append(CursorMark(agent_id, bytes(cursor)))
-            self._enqueued += 1
+            self._queue_cursor(agent_id, cursor, cursor_extra)
         self._wakeup.set()
         self._pump()
+
+    def _queue_cursor(
+        self, agent_id: str, cursor: bytes, extra: Sequence[tuple[str, bytes]]
+    ) -> None:
+        # Consecutive marks behind a run: `take` hands them to the store with it.
+        for key, data in extra:
+            self._pending.append(CursorMark(key, bytes(data)))
+            self._enqueued += 1
+        self._pending.append(CursorMark(agent_id, bytes(cursor)))
+        self._enqueued += 1
 
     def _enqueue(self, ev: FleetEvent) -> None:
         self._pending.append(ev)
@@ -388,7 +344,7 @@ class Emitter:
                     await self._until_done(head.future)
                 if not inflight or inflight[0] is not head:
                     continue  # a producer has finished it already
-                error = _failure(head.future, head.size)
+                error = failure(head.future, head.size)
                 if error is None:
                     inflight.popleft()
                     self._fill()  # the next batches commit while this one is published
@@ -403,16 +359,16 @@ class Emitter:
             self._fill()
             if inflight:
                 continue
-            entries, n, units = self._take(self.max_batch)
+            entries, n, units = take(self._pending, self.max_batch)
             try:
-                await self._commit(*_materialise(entries))
+                await self._commit(*materialise(entries))
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the writer die; _commit already handles store errors
                 log.exception("emitter: unexpected error committing %d events", n)
             self._advance(units)
 
-    async def _recover(self, head: _InFlight, error: BaseException) -> None:
+    async def _recover(self, head: InFlight, error: BaseException) -> None:
         """The oldest in-flight batch failed: the ones queued after it write nothing (they
         were submitted `after` it), so put them back, in order, and handle the failure the
         slow way (conflict retries, loss markers) with nothing submitted meanwhile."""
@@ -424,16 +380,16 @@ class Emitter:
             inflight.clear()
             for inf in rest:
                 await self._until_done(inf.future)
-            requeue: list[_Entry] = []
+            requeue: list[Entry] = []
             for inf in rest:
-                if _failure(inf.future, inf.size) is None:  # cannot happen (see submit_append)
+                if failure(inf.future, inf.size) is None:  # cannot happen (see submit_append)
                     log.error("emitter: a batch queued after a failed one was committed")
                     self._finish(inf, inf.future.result())
                 else:
                     requeue.extend(inf.entries)
             self._pending.extendleft(reversed(requeue))
             try:
-                await self._commit(*_materialise(head.entries), error)
+                await self._commit(*materialise(head.entries), error)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -454,53 +410,16 @@ class Emitter:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _POLL_MAX)
 
-    def _take(self, limit: int) -> tuple[list[_Entry], int, int]:
-        """Dequeue up to `limit` events (splitting a run if needed), in order, with the cursor
-        marks among and right after them; returns the entries, their event count and their
-        units (events + marks). A run followed by its cursor is never split: it goes whole
-        (alone if it is larger than `limit`) or waits for the next batch."""
-        pending = self._pending
-        out: list[_Entry] = []
-        n = 0
-        units = 0
-        while pending:
-            e = pending[0]
-            t = type(e)
-            if t is CursorMark:
-                pending.popleft()
-                out.append(e)
-                units += 1
-                continue
-            if n >= limit:
-                break
-            size = len(e) if t is EventRun else 1  # type: ignore[arg-type]
-            if n + size > limit:
-                assert isinstance(e, EventRun)
-                if len(pending) > 1 and type(pending[1]) is CursorMark:
-                    if n:
-                        break  # the next batch takes it whole, with its cursor
-                else:
-                    head, pending[0] = e.split(limit - n)
-                    out.append(head)
-                    units += limit - n
-                    n = limit
-                    break
-            pending.popleft()
-            out.append(e)
-            n += size
-            units += size
-        return out, n, units
-
     def _pump(self) -> None:
         """Advance the submit path synchronously: finish the batches the store has committed,
         keep the store fed. Failures are left to the writer task."""
         if self._submitter is None or self._slow or self._closed:
             return
         inflight = self._inflight
-        done: list[_InFlight] = []
+        done: list[InFlight] = []
         while inflight and inflight[0].future.done():
             head = inflight[0]
-            if _failure(head.future, head.size) is not None:
+            if failure(head.future, head.size) is not None:
                 break  # the writer task recovers; queue nothing behind a failed batch
             done.append(inflight.popleft())
         else:
@@ -524,17 +443,17 @@ class Emitter:
         if submit is None or len(self._inflight) >= _PIPELINE_DEPTH:
             return False
         after = self._inflight[-1].future if self._inflight else None
-        entries, n, units = self._take(self.max_batch)
+        entries, n, units = take(self._pending, self.max_batch)
         try:
             future = submit(entries, after)
         except Exception as e:  # e.g. the store is closed: the writer task reports the loss
             future = ConcurrentFuture()
             future.set_exception(e)
-        self._inflight.append(_InFlight(entries, n, units, future))
+        self._inflight.append(InFlight(entries, n, units, future))
         self._wakeup.set()  # the writer task watches the in-flight batches
         return True
 
-    def _finish(self, inf: _InFlight, ordinals: list[int]) -> None:
+    def _finish(self, inf: InFlight, ordinals: list[int]) -> None:
         """A batch is durable: count it, publish it (in order, with its ordinals). Never
         raises (it also runs inside producers' `emit` calls): a failing bus is logged."""
         try:
@@ -544,7 +463,7 @@ class Emitter:
         finally:
             self._advance(inf.units)
 
-    def _publish(self, inf: _InFlight, ordinals: list[int]) -> None:
+    def _publish(self, inf: InFlight, ordinals: list[int]) -> None:
         self.metrics.inc(EVENTS_APPENDED, inf.size)
         publish = self.bus.publish
         # A bus that can tell nobody would get a stream's events (no watcher: the usual case
@@ -663,7 +582,7 @@ class Emitter:
         lost: dict[str, tuple[FleetEvent, int, int]] = {}
         publish = self.bus.publish
         for ev in batch:
-            publish(BusItem(None, _encodable(ev)))
+            publish(BusItem(None, encodable(ev)))
             if ev.kind.kind == "store_persist_failed":
                 continue  # no marker for a lost marker: no cascade while the store is down
             key = ev.stream_key

@@ -138,6 +138,9 @@ class LineCursor(Generic[P]):
         # The same digests concatenated, kept in step with `_held` (`held_blob`: the resume
         # snapshot's digests without a per-snapshot join or encoding).
         self._held_bytes = bytearray()
+        # Bumped whenever the held digests are replaced rather than extended (restore,
+        # rebase): a delta snapshot (`tail_blob`) is only valid against a base of one epoch.
+        self.epoch = 0
         self._matching = False
         self._buf: list[tuple[bytes, P]] = []
         self._alive: list[int] = []  # candidate replay starts (absolute, ascending), overlap > 0
@@ -183,6 +186,13 @@ class LineCursor(Generic[P]):
     def held_blob(self) -> bytes:
         """`held_digests()` concatenated (DIGEST_SIZE bytes each): cheap, for snapshots."""
         return bytes(self._held_bytes[-self.window * DIGEST_SIZE :])
+
+    def tail_blob(self, n: int) -> bytes:
+        """The digests of the last `n` lines seen (lines seen-n+1 .. seen), concatenated.
+        Raises ValueError when fewer are held."""
+        if n < 0 or n > len(self._held):
+            raise ValueError(f"{n} digests asked, {len(self._held)} held")
+        return bytes(self._held_bytes[len(self._held_bytes) - n * DIGEST_SIZE :])
 
     def begin_connection(self) -> None:
         self._trim(self.window)
@@ -379,6 +389,7 @@ class LineCursor(Generic[P]):
             del self._held_bytes[: extra * DIGEST_SIZE]
 
     def _set_held(self, held: list[bytes]) -> None:
+        self.epoch += 1
         self._held = held
         self._held_bytes = bytearray(b"".join(held))
 

@@ -93,15 +93,18 @@ class BatchEventSink(Protocol):
 
     async def __call__(self, kind: EventKind) -> None: ...
 
-    async def emit_batch(self, kinds: list[CompactKind], cursor: bytes | None = None) -> None: ...
+    async def emit_batch(self, kinds: list[CompactKind], cursor: bytes | None = None) -> None:
+        """`cursor`: the resume snapshot to commit with these events. A sink may also take
+        `cursor_base: bytes | None` (the agent's base row, key agent id + BASE_SUFFIX, to
+        commit in the same transaction): it then gets base + delta snapshots."""
 
 
 BatchFn = Callable[..., Awaitable[None]]
 
 
-def _takes_cursor(fn: BatchFn) -> bool:
+def _takes(fn: BatchFn, name: str) -> bool:
     try:
-        return "cursor" in inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 
@@ -130,7 +133,10 @@ class NdjsonDriver(ResumeState, TranscriptReading, ReconnectingDriver):
         # Optional batch path of the sink (see BatchEventSink); else one await per event.
         batch_sink = getattr(sink, "emit_batch", None)
         self._batch_sink: BatchFn | None = batch_sink if callable(batch_sink) else None
-        self._sink_takes_cursor = self._batch_sink is not None and _takes_cursor(self._batch_sink)
+        batch = self._batch_sink
+        self._sink_takes_cursor = batch is not None and _takes(batch, "cursor")
+        # ... and a base row beside it (`ResumeState._snapshot_marks`: base + delta).
+        self._sink_takes_base = batch is not None and _takes(batch, "cursor_base")
         self.save_interval = save_interval
         self.terminal_eof_timeout = terminal_eof_timeout
         self.transcript_poll = transcript_poll
@@ -490,7 +496,7 @@ class NdjsonDriver(ResumeState, TranscriptReading, ReconnectingDriver):
                 break
         if self._sink_takes_cursor and self._loaded:
             version = self._version
-            await batch_sink(events, cursor=self._snapshot(compact=True))
+            await self._sink_cursor(events)
             self._saved_version = max(self._saved_version, version)
         else:
             await batch_sink(events)

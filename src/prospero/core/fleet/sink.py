@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from prospero.core.drivers.ndjson_state import BASE_SUFFIX
 from prospero.core.fleet.state import CursorStoreLike, EmitterLike
 from prospero.types.events import CompactKind, EventKind, expand_kind
 
@@ -47,19 +48,37 @@ class AgentSink:
         driver commits a turn's begin before it sends that turn's prompt (at most once)."""
         await self.emitter.flush()
 
-    async def emit_batch(self, kinds: list[CompactKind], cursor: bytes | None = None) -> None:
+    async def emit_batch(
+        self,
+        kinds: list[CompactKind],
+        cursor: bytes | None = None,
+        cursor_base: bytes | None = None,
+    ) -> None:
+        """`cursor_base`: the agent's base row (key agent id + BASE_SUFFIX), committed in the
+        same transaction as `cursor` (see drivers/ndjson_state.py)."""
         if kinds and self.on_activity is not None:
             self.on_activity()
         emit_many = getattr(self.emitter, "emit_many", None)
         if emit_many is not None:
             if cursor is None:
                 await emit_many(self.repo, self.agent_id, kinds)
-            else:
+            elif cursor_base is None:
                 await emit_many(self.repo, self.agent_id, kinds, cursor)
+            else:
+                await emit_many(
+                    self.repo,
+                    self.agent_id,
+                    kinds,
+                    cursor,
+                    cursor_extra=((self.agent_id + BASE_SUFFIX, cursor_base),),
+                )
             return
         for kind in kinds:
             await self.emitter.emit(self.repo, self.agent_id, expand_kind(kind))
         if cursor is not None and self.cursor_store is not None:
-            # No transaction to share: the cursor only once its events are stored.
+            # No transaction to share: the cursor only once its events are stored (the base
+            # first: a delta is never stored without its base).
             await self.emitter.flush()
+            if cursor_base is not None:
+                await self.cursor_store.save_cursor(self.agent_id + BASE_SUFFIX, cursor_base)
             await self.cursor_store.save_cursor(self.agent_id, cursor)
