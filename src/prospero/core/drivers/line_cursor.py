@@ -342,16 +342,7 @@ class LineCursor(Generic[P]):
             or not isinstance(raw, str)
         ):
             raise ValueError("cursor state lacks seen/held")
-        blob = base64.b64decode(raw, validate=True)
-        if len(blob) % DIGEST_SIZE:
-            raise ValueError("cursor digests are truncated")
-        held = [blob[k : k + DIGEST_SIZE] for k in range(0, len(blob), DIGEST_SIZE)]
-        if len(held) > seen:
-            raise ValueError("cursor holds more digests than lines seen")
-        self._seen = seen
-        self._set_held(held[-self.window :])
-        self._reset_matching()
-        self._matching = False
+        self.restore_blob(seen, base64.b64decode(raw, validate=True))
 
     def restore_blob(self, seen: int, blob: bytes) -> None:
         """`restore` from `seen` and `held_blob()` (a compact snapshot). Raises ValueError."""
