@@ -33,6 +33,10 @@ Submit = Callable[
     [Sequence[Entry], ConcurrentFuture[list[int]] | None], ConcurrentFuture[list[int]]
 ]
 
+# A store's synchronous append (`inline_appender()`): the ordinals, or None when it cannot
+# take the batch right now (nothing written); raises as the submit path's future would fail.
+InlineAppend = Callable[[Sequence[Entry]], list[int] | None]
+
 
 def expand_any(kind: object) -> EventKind:
     """A kind for validation: a (stream, chunk) pair becomes the Output it stands for."""

@@ -21,6 +21,9 @@ its own; only batches that also update `usage_daily` or `cursors` use an explici
 A poison kind is written in its reduced form and replaced by it in the batch (`rows.py`).
 `submit_append` queues an append to the writer thread without awaiting (the emitter's
 pipeline; `after=` chains it to an earlier append); `append_batch` awaits the same job.
+`append_now` does it on the calling thread (the event loop's) when the write lock is free this
+instant, on a connection of its own that never waits and never checkpoints (`sqlite_inline.py`):
+the emitter's live path, with the rows bound as parameters (no GIL to save there).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from prospero.core.store.base import CursorMark, KindScan, RawEvent, StoredEvent
 from prospero.core.store.rows import OUTCOMES, encode_batch, raw_events, row_to_event
 from prospero.core.store.sqlite_config import SqliteConfigStore as SqliteConfigStore
 from prospero.core.store.sqlite_db import SqliteDb
+from prospero.core.store.sqlite_inline import InlineWriter, WriteLockBusy, is_busy
 from prospero.core.store.sqlite_insert import (
     INSERT_JSON_ROWS,
     ROWS_PER_INSERT,
@@ -112,6 +116,8 @@ class SqliteEventStore:
         self._writer: SqliteDb | None = None
         self._reader: SqliteDb | None = None
         self._json: bool | None = None  # SQLite has json_each (probed on first append)
+        self._inline: InlineWriter | None = None  # appends on the loop's thread (`append_now`)
+        self._checkpointing = False
         self._rows_per_insert = ROWS_PER_INSERT
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -133,14 +139,36 @@ class SqliteEventStore:
                 raise _wrap(e, "open") from e
             raise
         self._writer, self._reader = writer, reader
+        self._inline = InlineWriter(self.path, self._request_checkpoint)
 
     async def close(self) -> None:
         writer, reader = self._writer, self._reader
         self._writer = self._reader = None
+        inline, self._inline = self._inline, None
+        if inline is not None:
+            inline.close()
         if reader is not None:
             await reader.close()
         if writer is not None:
             await writer.close()
+
+    def _request_checkpoint(self) -> None:
+        """A PASSIVE WAL checkpoint on the writer thread (the inline writer never checkpoints:
+        see `sqlite_inline`), unless one is already queued."""
+        if self._checkpointing or self._writer is None:
+            return
+        self._checkpointing = True
+
+        def job(conn: sqlite3.Connection) -> None:
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as e:
+                log.info("sqlite: WAL checkpoint failed: %s", e)
+            finally:
+                self._checkpointing = False
+
+        if self._writer.submit(job).done():  # not queued (the executor is shut down)
+            self._checkpointing = False
 
     def _w(self) -> SqliteDb:
         if self._writer is None:
@@ -192,6 +220,51 @@ class SqliteEventStore:
         `after`: an append submitted earlier; unless it succeeded, this one writes nothing and
         fails with `AppendSkipped` (so a caller can queue the next batch before the previous one
         is known to be committed, and still retry them in order)."""
+        job = self._append_job(events, cursors, after)
+        if job is None:
+            done: Future[list[int]] = Future()
+            done.set_result([])
+            return done
+        return self._w().submit(job)
+
+    def inline_appender(self) -> Callable[[Sequence[_Entry]], list[int] | None] | None:
+        """`append_now` while the store is open, unless `append_batch` or `submit_append` is
+        customised (a subclass's, or patched on the instance: every append must then go
+        through it). Asked again for every batch."""
+        if self._inline is None or self.batch_submitter() is None:
+            return None
+        if type(self).submit_append is not SqliteEventStore.submit_append or (
+            "submit_append" in vars(self)
+        ):
+            return None
+        return self.append_now
+
+    def append_now(self, events: Sequence[_Entry]) -> list[int] | None:
+        """`submit_append(events)`, done right here on the calling thread (the event loop's),
+        if the database's write lock is free this instant: the ordinals, or SeqConflict /
+        StoreError exactly as the future would fail. None: the lock is held (by the writer
+        thread, another connection or process); nothing was written, use `submit_append`.
+        Never waits for a lock and never checkpoints (see `sqlite_inline`)."""
+        inline = self._inline
+        if inline is None:
+            raise StoreError("sqlite event store is not open")
+        job = self._append_job(events, None, None, bound=True)
+        if job is None:
+            return []
+        return inline.run(job)
+
+    def _append_job(
+        self,
+        events: Sequence[_Entry],
+        cursors: Mapping[str, bytes] | None,
+        after: Future[list[int]] | None,
+        *,
+        bound: bool = False,
+    ) -> Callable[[sqlite3.Connection], list[int]] | None:
+        """The append as a job for a connection (None when there is nothing to do). `bound`:
+        rows as bound parameters, never the one-JSON-array statement: on the loop's own thread
+        there is no GIL hand-off to save, and binding costs less CPU than SQLite's JSON parsing
+        (measured: 2.8 vs 4.0 ms for 100 events with 50 cursor rows)."""
         n = 0
         marks: dict[str, bytes] = {}
         for e in events:
@@ -205,9 +278,7 @@ class SqliteEventStore:
         if cursors:
             marks.update(cursors)
         if n == 0 and not marks and after is None:
-            done: Future[list[int]] = Future()
-            done.set_result([])
-            return done
+            return None
 
         def job(conn: sqlite3.Connection) -> list[int]:
             # Appends run one at a time, in submission order: `after` has finished by now.
@@ -220,6 +291,8 @@ class SqliteEventStore:
             except sqlite3.IntegrityError as e:
                 raise SeqConflict(f"(stream_key, seq) already stored: {e}") from e
             except (sqlite3.Error, UnicodeError) as e:
+                if is_busy(e):  # nothing written (the transaction, if begun, rolled back)
+                    raise WriteLockBusy(f"sqlite append failed: {e}") from e
                 raise _wrap(e, "append") from e
             # Contiguous: the batch was inserted under one write lock (AUTOINCREMENT).
             return list(range(last - n + 1, last + 1)) if n else []
@@ -232,7 +305,7 @@ class SqliteEventStore:
             blob: bytes | None = None
             rows: list[Any] = []
             usage_rows: list[Any] = []
-            if n and self._json:
+            if n and self._json and not bound:
                 blob, usage_rows = json_rows(events)
             if n and blob is None:
                 rows, usage_rows = encode_batch(events)
@@ -258,7 +331,7 @@ class SqliteEventStore:
                 raise
             return last
 
-        return self._w().submit(job)
+        return job
 
     async def prune(self, before_ts: str) -> int:
         def chunk(conn: sqlite3.Connection) -> int:
