@@ -40,6 +40,7 @@ from prospero.api.head import HeadAdapter
 from prospero.api.middleware import (
     AccessLogMiddleware,
     BodyLimitMiddleware,
+    BodySendExtension,
     StreamDisconnectGuard,
 )
 from prospero.api.openapi import install_openapi
@@ -124,6 +125,7 @@ def create_app(runtime: AppRuntime, settings: ApiSettings | None = None) -> Fast
         HostGuard, allowed_hosts=settings.allowed_hosts, public_origins=settings.public_origins
     )
     app.add_middleware(AccessLogMiddleware, metrics=runtime.metrics, enabled=settings.access_log)
+    app.add_middleware(BodySendExtension)
     return app
 
 

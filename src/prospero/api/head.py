@@ -24,6 +24,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from prospero.api.middleware import BODY_SEND
+
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _END: Message = {"type": "http.response.body", "body": b"", "more_body": False}
 
@@ -40,7 +42,11 @@ class HeadAdapter:
         if scope["type"] != "http" or scope["method"] != "HEAD":
             await self.app(scope, receive, send)
             return
-        await _HeadExchange(receive, send).run(self.app, {**scope, "method": "GET"})
+        inner = {**scope, "method": "GET"}
+        ext = scope.get("extensions")
+        if ext and BODY_SEND in ext:  # every body message must come through here (dropped)
+            inner["extensions"] = {k: v for k, v in ext.items() if k != BODY_SEND}
+        await _HeadExchange(receive, send).run(self.app, inner)
 
 
 class _HeadExchange:

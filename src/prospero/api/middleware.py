@@ -126,6 +126,28 @@ class BodyLimitMiddleware:
         await self.app(scope, buffered_receive, send)
 
 
+# The scope extension under which `BodySendExtension` puts the server's own `send`.
+BODY_SEND = "prospero.body_send"
+
+
+class BodySendExtension:
+    """Outermost: puts the server's own `send` in `scope["extensions"][BODY_SEND]`, so a
+    streaming response can send its body chunks past the middleware chain once the response
+    has started (`sse.SseResponse`: one send per live burst, issue 11). Every middleware of
+    this app looks only at `http.response.start` (status for the access log, "started" flags
+    for error handling), never at body messages; one that must see or change the body (a HEAD
+    adapter, compression) removes the extension from the scope it passes on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            ext = scope.get("extensions")
+            scope["extensions"] = {**ext, BODY_SEND: send} if ext else {BODY_SEND: send}
+        await self.app(scope, receive, send)
+
+
 class StatusRecorder:
     """A `send` that remembers the response's status (0 until the response starts)."""
 

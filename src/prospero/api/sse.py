@@ -45,8 +45,10 @@ from typing import Any
 
 import orjson
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from prospero.api.metrics_text import API_SSE_STREAMS
+from prospero.api.middleware import BODY_SEND
 from prospero.api.settings import ApiSettings
 from prospero.core.metrics import Metrics
 from prospero.core.store.base import StoredEvent
@@ -143,6 +145,24 @@ class SseResponse(StreamingResponse):
             media_type=self.media_type,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+        self._body_send: Send | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ext = scope.get("extensions")
+        self._body_send = ext.get(BODY_SEND) if ext else None
+        await super().__call__(scope, receive, send)
+
+    async def stream_response(self, send: Send) -> None:
+        """StreamingResponse's, with the body chunks sent straight to the server once the
+        response has started (`middleware.BodySendExtension`; the start, and so the status
+        every middleware records, goes through the chain as usual)."""
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        body_send = self._body_send or send
+        async for chunk in self.body_iterator:
+            await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await body_send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class StreamSession:
