@@ -10,10 +10,10 @@ subscriber that subscribes *before* reading history never misses an event (prosp
 
 Committing (`core.emitter_commit`): with a store that can append on the loop's own thread when
 its write lock is free (`inline_appender`, the SQLite store), everything queued during a loop
-turn is committed at the start of the next one (`_inline_flush`, up to _INLINE_MAX events per
-turn) and published at once: no thread hand-off between an event and its watchers. A batch the
-store refuses (its write lock is held elsewhere) or a run too large for a loop turn goes to the
-submit path instead: producers hand batches to the store's writer thread (`batch_submitter`)
+turn is committed at the start of the next one (`_inline_flush`, when at most _INLINE_MAX
+events are queued) and published at once: no thread hand-off between an event and its watchers.
+A larger backlog (a catch-up, where throughput matters more) or a batch the store refuses (its
+write lock is held elsewhere) goes to the submit path instead: producers hand batches to the store's writer thread (`batch_submitter`)
 and finish (publish) committed ones as they emit; two batches are in flight, the second queued
 `after` the first (it writes nothing unless the first succeeded), and the inline path resumes
 once they have drained, so commit order is emit order. The background task covers quiet

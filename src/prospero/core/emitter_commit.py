@@ -33,9 +33,11 @@ log = logging.getLogger("prospero.core.emitter")
 # Batches handed to a submitting store at once: the next one is queued while one commits, so
 # the store thread goes straight from one to the next.
 _PIPELINE_DEPTH = 2
-# Events committed at most per loop turn on the inline path (`_inline_flush`): a few
-# milliseconds of the loop's time.
-_INLINE_MAX = 256
+# The inline path (`_inline_flush`) takes what is queued when it is at most this many events
+# (a few milliseconds of the loop's time), in one commit per loop turn. A larger backlog (a
+# catch-up: replays, many agents at once) goes to the writer thread, whose big pipelined batches
+# overlap the loop's own work: throughput then matters more than a millisecond of latency.
+_INLINE_MAX = 512
 # Longest pause between two looks at an in-flight batch (see `_until_done`).
 _POLL_MAX = 0.002
 
@@ -176,6 +178,7 @@ class CommitPath:
             and not self._slow
             and not self._closed
             and not self._direct
+            and self._enqueued - self._done <= _INLINE_MAX
             and self._inline() is not None
         ):
             self._schedule_inline()
@@ -198,9 +201,9 @@ class CommitPath:
             asyncio.get_running_loop().call_soon(self._inline_flush)
 
     def _inline_flush(self) -> None:
-        """Commit what is queued here on the loop's thread, in batches of at most _INLINE_MAX
-        events (one per loop turn), while nothing is in flight on the submit path; whatever the
-        store refuses (its write lock is held) or is too large goes to the submit path."""
+        """Commit everything queued, here on the loop's thread, when it is at most _INLINE_MAX
+        events and marks and nothing is in flight on the submit path; a larger backlog, or a
+        batch the store refuses (its write lock is held), goes to the submit path."""
         self._inline_scheduled = False
         if (
             not self._pending
@@ -211,8 +214,8 @@ class CommitPath:
             or self._inline is None
         ):
             return
-        append = self._inline()
-        if append is None:
+        append = self._inline() if self._enqueued - self._done <= _INLINE_MAX else None
+        if append is None:  # no inline path now, or a backlog: the writer thread
             self._fill_submit()
             return
         entries, n, units = take(self._pending, _INLINE_MAX)
