@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from prospero.core.bus import BusItem, InProcessBus
+
 REPO = Path(__file__).resolve().parents[1]
 # Recorded caliband frames (copied from the spec's fixtures; the tests never read outside the repo).
 FIXTURES = Path(os.environ.get("PROSPERO_FIXTURES", REPO / "tests" / "fixtures" / "caliband"))
@@ -25,7 +27,10 @@ def short_tmpdir() -> str:
 
 
 async def wait_until(
-    cond: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, interval: float = 0.01, what: str = ""
+    cond: Callable[[], bool | Awaitable[bool]],
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "",
 ) -> None:
     """Poll `cond` until it is truthy; fail the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -51,3 +56,15 @@ def poll_until_sync(cond: Callable[[], Any], timeout: float = 20.0, what: str = 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {what or cond}")
         time.sleep(0.05)  # poll interval
+
+
+class CollectingBus(InProcessBus):
+    """An InProcessBus that also keeps every published item, in order (`items`)."""
+
+    def __init__(self) -> None:
+        super().__init__(buffer=100_000)
+        self.items: list[BusItem] = []
+
+    def publish(self, item: BusItem) -> None:
+        self.items.append(item)
+        super().publish(item)

@@ -24,7 +24,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from prospero.core.bus import BusItem, InProcessBus
+from prospero.core.bus import InProcessBus
 from prospero.core.drivers.line_cursor import Gap, LineCursor, NewLine, line_digest, line_digests
 from prospero.core.emitter import Emitter
 from prospero.core.errors import SeqConflict
@@ -48,7 +48,7 @@ from prospero.types.events import (
     expand_kind,
     output_event,
 )
-from tests.support import fixture_lines
+from tests.support import CollectingBus, fixture_lines
 
 # --- LineReader ----------------------------------------------------------------------------
 
@@ -323,14 +323,7 @@ class PipelineStore(SqliteEventStore):
         return super().submit_append(events, after)
 
 
-class Bus(InProcessBus):
-    def __init__(self) -> None:
-        super().__init__(buffer=100_000)
-        self.items: list[BusItem] = []
-
-    def publish(self, item: BusItem) -> None:
-        self.items.append(item)
-        super().publish(item)
+Bus = CollectingBus
 
 
 def _chunks(store_events: list[FleetEvent]) -> list[str]:

@@ -8,19 +8,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from prospero.core import emitter_commit
-from prospero.core.bus import BusItem, InProcessBus
+from prospero.core.bus import InProcessBus
 from prospero.core.emitter import Emitter
 from prospero.core.errors import SeqConflict
 from prospero.core.store import sqlite_inline
 from prospero.core.store.base import CursorMark
 from prospero.core.store.sqlite import SqliteEventStore
 from prospero.types.events import EventRun
+from tests.support import CollectingBus, wait_until
 
 TS = "2026-12-01T10:00:00.000000Z"
 
@@ -43,15 +44,6 @@ def hold_write_lock(path: str) -> sqlite3.Connection:
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     return other
-
-
-async def until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def test_append_now_writes_rows_and_cursors_in_one_transaction(
@@ -120,7 +112,7 @@ async def test_append_now_asks_the_writer_thread_for_checkpoints(
     for i in range(8):
         assert store.append_now([run("a", i + 1, 1)]) is not None
     assert asked == 2
-    await until(lambda: not store._checkpointing, "the checkpoint job")
+    await wait_until(lambda: not store._checkpointing, what="the checkpoint job")
     # Everything in the WAL was checkpointed into the database file by that job.
     probe = sqlite3.connect(store.path, isolation_level=None)
     try:
@@ -130,14 +122,7 @@ async def test_append_now_asks_the_writer_thread_for_checkpoints(
     assert busy == 0 and log == done
 
 
-class Recorder(InProcessBus):
-    def __init__(self) -> None:
-        super().__init__(buffer=100_000)
-        self.items: list[BusItem] = []
-
-    def publish(self, item: BusItem) -> None:
-        self.items.append(item)
-        super().publish(item)
+Recorder = CollectingBus
 
 
 async def test_emitter_commits_inline_when_the_lock_is_free(store: SqliteEventStore) -> None:
@@ -168,7 +153,9 @@ async def test_emitter_falls_back_to_the_writer_thread_in_order(
     try:
         for i in range(10):  # refused inline: handed to the writer thread, which waits
             await em.emit_many("ws", "a" if i % 2 else "b", [("stdout", f"held{i}")])
-        await until(lambda: store._inline is not None and store._inline.busy >= 1, "a refusal")
+        await wait_until(
+            lambda: store._inline is not None and store._inline.busy >= 1, what="a refusal"
+        )
         assert len(bus.items) == 1  # nothing published while the lock is held
     finally:
         other.execute("COMMIT")
