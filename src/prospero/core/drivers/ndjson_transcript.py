@@ -17,7 +17,6 @@ import logging
 import time
 
 from prospero.core import metrics as m
-from prospero.core.aio import wait_for
 from prospero.core.drivers.base import DriverTarget
 from prospero.core.drivers.line_cursor import ANCHOR_LINES, SLOW_READER, Gap, LineCursor
 from prospero.core.drivers.transcript import Transcript, TranscriptError, transcript_path
@@ -43,6 +42,29 @@ async def _read_new(tail: Transcript) -> list[bytes | OversizedLine]:
     if batch is not None:
         return batch  # type: ignore[return-value]
     return await asyncio.to_thread(tail.read_new)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _Bell:
+    """What the socket drainer tells `_read_tail`: `rung` (new bytes or EOF since the driver
+    last cleared it) and, while the driver waits, the future that `ring()` resolves. An
+    `asyncio.Event` for its one waiter, without a coroutine per wait."""
+
+    __slots__ = ("rung", "waiter")
+
+    def __init__(self) -> None:
+        self.rung = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    def ring(self) -> None:
+        if not self.rung:  # rung already: the driver has yet to look, nothing to wake
+            self.rung = True
+            if self.waiter is not None:
+                _wake(self.waiter)
 
 
 class TranscriptReading:
@@ -82,27 +104,28 @@ class TranscriptReading:
         the bell (new bytes) and tells of the worker's exit (EOF), after which the file is
         drained to its end."""
         agent = self.target.agent_id
-        bell = asyncio.Event()
+        bell = _Bell()
         eof = False
 
         async def drain_socket() -> None:
             nonlocal eof
             try:
                 while await reader.read(READ_CHUNK):
-                    bell.set()
+                    bell.ring()
             except (OSError, ValueError, asyncio.IncompleteReadError) as e:
                 log.info("agent %s: attach stream read failed: %s", agent, e)
             finally:
                 eof = True
-                bell.set()
+                bell.ring()
 
         drainer = asyncio.create_task(drain_socket(), name=f"ndjson-bell-{agent}")
         got_new = False
+        took = False  # the last look found lines (and nothing was awaited since)
         terminal_at: float | None = None
         busy_at = time.monotonic()  # the last bell or new line (the replay rings at once)
         try:
             while not self._closing:
-                bell.clear()
+                bell.rung = False
                 at_eof = eof  # read before the file: a line written before EOF is still read
                 try:
                     batch = await _read_new(tail)
@@ -110,11 +133,16 @@ class TranscriptReading:
                     log.warning("agent %s: transcript read failed: %s", agent, e.detail)
                     break
                 if batch:
+                    if took:
+                        # A second read in a row found lines (a backlog): let the other tasks
+                        # run between them. After a single read the wait below yields anyway.
+                        await asyncio.sleep(0)
                     busy_at = time.monotonic()
                     if await self._take(batch, positional=True):
                         got_new = True
-                    await asyncio.sleep(0)
+                    took = True
                     continue
+                took = False
                 if at_eof:
                     self._exact_to_end = True
                     break
@@ -130,7 +158,7 @@ class TranscriptReading:
                 await drainer
         return got_new
 
-    async def _tail_wait(self, bell: asyncio.Event, tail: Transcript, busy_at: float) -> float:
+    async def _tail_wait(self, bell: _Bell, tail: Transcript, busy_at: float) -> float:
         """Wait for the socket's bell or the next look at the file; returns the new `busy_at`.
 
         While the stream is busy (a bell or a line within `TAIL_QUIET_AFTER`) or ending, the
@@ -147,9 +175,19 @@ class TranscriptReading:
                 if fast
                 else min(TAIL_IDLE_POLL, max(self.transcript_poll, 2 * quiet))
             )
-            with contextlib.suppress(TimeoutError):
-                await wait_for(bell.wait(), timeout)
-            if bell.is_set():
+            if not bell.rung:
+                # One plain future and one timer handle per wait (this runs once per read of a
+                # live agent): what `wait_for(event.wait(), timeout)` costs, less its
+                # coroutines and timeout context.
+                loop = asyncio.get_running_loop()
+                waiter = bell.waiter = loop.create_future()
+                timer = loop.call_later(max(0.0, timeout), _wake, waiter)
+                try:
+                    await waiter
+                finally:
+                    bell.waiter = None
+                    timer.cancel()
+            if bell.rung:
                 return time.monotonic()
             if fast or self._closing or tail.grew():
                 return busy_at
