@@ -19,16 +19,13 @@ import pytest
 from prospero.core.drivers import ndjson_transcript as nt
 from prospero.core.drivers.transcript import Transcript
 from prospero.core.transport import OversizedLine
+from tests.support import wait_until
 
 LINE = b'{"type":"AssistantTextDelta","text":"' + b"x" * 200 + b'"}'
 
 
 async def until(pred: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.002)
+    await wait_until(pred, timeout, interval=0.002, what=what)
 
 
 class _Target:
