@@ -29,7 +29,7 @@ without a timeout around every wait.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Generic, TypeVar
@@ -119,38 +119,19 @@ class Follower(Generic[T]):
         await self.aclose()
 
 
-async def _stream_pages(
-    store: EventStore, stream_key: str, from_seq: int, below: int | None, page: int
+async def _pages(
+    read: Callable[[int, int], Awaitable[list[RawEvent]]],
+    after: int,
+    below: int | None,
+    page: int,
 ) -> AsyncIterator[RawPage]:
-    """Stored events of one stream with from_seq <= seq (< below), ascending, one `RawPage`
-    per read."""
-    nxt = from_seq
+    """Stored events with after < cursor (< below), ascending, one `RawPage` per `read(after,
+    limit)` (which returns up to `limit` events with a cursor above `after`)."""
     while True:
-        limit = page if below is None else min(page, below - nxt)
+        limit = page if below is None else min(page, below - after - 1)
         if limit <= 0:
             return
-        batch = await store.replay_raw(stream_key, nxt, limit)
-        full = len(batch) >= limit
-        if below is not None and batch and batch[-1].seq >= below:
-            batch = [r for r in batch if r.seq < below]
-            full = False
-        if batch:
-            yield RawPage(batch)
-        if not full:
-            return
-        nxt = batch[-1].seq + 1
-
-
-async def _fleet_pages(
-    store: EventStore, after: int, below: int | None, page: int
-) -> AsyncIterator[RawPage]:
-    """Stored events of every stream with after < ordinal (< below), one `RawPage` per read."""
-    nxt = after
-    while True:
-        limit = page if below is None else min(page, below - nxt - 1)
-        if limit <= 0:
-            return
-        batch = await store.replay_fleet_raw(nxt, limit)
+        batch = await read(after, limit)
         full = len(batch) >= limit
         if below is not None and batch and batch[-1].cursor >= below:
             batch = [r for r in batch if r.cursor < below]
@@ -159,7 +140,22 @@ async def _fleet_pages(
             yield RawPage(batch)
         if not full:
             return
-        nxt = batch[-1].cursor
+        after = batch[-1].cursor
+
+
+def _stream_pages(
+    store: EventStore, stream_key: str, from_seq: int, below: int | None, page: int
+) -> AsyncIterator[RawPage]:
+    """Stored events of one stream with from_seq <= seq (< below): a stream's cursor is its
+    seq."""
+    return _pages(lambda a, n: store.replay_raw(stream_key, a + 1, n), from_seq - 1, below, page)
+
+
+def _fleet_pages(
+    store: EventStore, after: int, below: int | None, page: int
+) -> AsyncIterator[RawPage]:
+    """Stored events of every stream with after < ordinal (< below)."""
+    return _pages(store.replay_fleet_raw, after, below, page)
 
 
 def _upto_terminal(pg: RawPage) -> RawPage | None:
