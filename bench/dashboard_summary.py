@@ -52,7 +52,7 @@ from prospero.api.routes_dashboard import (
     fold,
 )
 from prospero.core.store.base import EventStore
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.types.events import (
     AgentFinished,
     EventKind,

@@ -35,7 +35,7 @@ from prospero.core.fleet.local import LocalFleet, LocalFleetConfig
 from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
 from prospero.core.metrics import Metrics
 from prospero.core.normalize import Normalizer
-from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteConfigStore, SqliteEventStore
 from prospero.core.transport import open_endpoint, read_line
 from prospero.core.wire.control import UnixEndpoint
 from prospero.testkit import scripts

@@ -39,7 +39,7 @@ import orjson
 from prospero.api.app import create_app
 from prospero.api.server import ApiServer
 from prospero.api.settings import ApiSettings
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.daemon.runtime import DaemonConfig, Runtime
 from prospero.types.events import (
     AgentFinished,

@@ -18,7 +18,7 @@ from pathlib import Path
 from prospero.core.bus import InProcessBus
 from prospero.core.emitter import Emitter
 from prospero.core.metrics import Metrics
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.types.events import (
     AgentFinished,
     EventKind,

@@ -20,7 +20,7 @@ from prospero.api.routes_dashboard import (
     fold,
     render_summary,
 )
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.types.events import AgentFinished, EventKind, FleetEvent, Output, TurnFinished, Usage
 
 DAY1 = "2026-01-01T12:00:00+00:00"

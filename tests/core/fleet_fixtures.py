@@ -19,7 +19,7 @@ from prospero.core.fleet.local import LocalFleet, LocalFleetConfig
 from prospero.core.fleet.manager import DriverFactory, FleetConfig, FleetManager
 from prospero.core.metrics import Metrics
 from prospero.core.sources import canonical_root
-from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteConfigStore, SqliteEventStore
 from prospero.core.wire.control import SpawnSpec
 from prospero.testkit import scripts
 from prospero.testkit.fake_caliband import FakeCaliband

@@ -18,7 +18,7 @@ from prospero.core.drivers.acp.resume import AcpResumeState
 from prospero.core.drivers.base import DriverExit
 from prospero.core.metrics import Metrics
 from prospero.core.permissions import PermissionOutcome, PermissionRequest
-from prospero.core.store.decisions_sqlite import SqliteDecisionStore
+from prospero.core.store.sqlite.decisions import SqliteDecisionStore
 from prospero.testkit import acp_scripts as S
 from prospero.types.events import (
     AgentFinished,

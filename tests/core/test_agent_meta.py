@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from prospero.core.fleet.meta import agent_view, drivable, drive_protocol, effective_status
-from prospero.core.store.agents_sqlite import MemoryAgentMetaStore, SqliteAgentMetaStore
 from prospero.core.store.base import AgentMetaStore
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.agents import MemoryAgentMetaStore, SqliteAgentMetaStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.core.wire.control import AgentRecord, SpawnSpec, UnixEndpoint
 from prospero.types.model import AgentMeta, AgentStatus
 from tests.support import short_tmpdir

@@ -33,7 +33,7 @@ from prospero.core.permissions import (
     PermissionToolCall,
 )
 from prospero.core.store.decisions import SessionRule
-from prospero.core.store.decisions_sqlite import SqliteDecisionStore
+from prospero.core.store.sqlite.decisions import SqliteDecisionStore
 from prospero.testkit import acp_scripts as S
 from prospero.types.decisions import Decision, PolicyPatch, PolicyRule, WorkspacePolicy
 from prospero.types.events import (

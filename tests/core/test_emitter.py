@@ -17,7 +17,7 @@ from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
 from prospero.core.fleet.manager import _AgentSink
 from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, Metrics
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.types.events import (
     FleetEvent,
     Output,

@@ -12,7 +12,7 @@ from pathlib import Path
 from prospero.core.bus import BusItem, InProcessBus, Lagged
 from prospero.core.emitter import Emitter
 from prospero.core.metrics import EVENTS_APPENDED, Metrics
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.types.events import Output, TurnFinished
 
 

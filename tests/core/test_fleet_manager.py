@@ -21,7 +21,7 @@ from prospero.core.errors import (
 )
 from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
 from prospero.core.metrics import Metrics
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.core.wire.control import SpawnSpec
 from prospero.testkit import scripts
 from prospero.testkit.fake_caliband import FakeCaliband

@@ -13,7 +13,7 @@ from typing import Any
 from prospero.core.fleet.manager import FleetConfig, FleetManager
 from prospero.core.fleet.state import AgentSlot
 from prospero.core.metrics import Metrics
-from prospero.core.store.agents_sqlite import MemoryAgentMetaStore
+from prospero.core.store.sqlite.agents import MemoryAgentMetaStore
 from prospero.core.wire.control import AgentRecord, SpawnSpec, UnixEndpoint
 from prospero.types.model import AgentMeta, AgentStatus, RegisteredWorkspace
 from tests.support import wait_until

@@ -30,8 +30,8 @@ from prospero.core.emitter import Emitter
 from prospero.core.errors import SeqConflict
 from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, Metrics
 from prospero.core.normalize import Normalizer
-from prospero.core.store import sqlite as sqlite_mod
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite import events as sqlite_mod
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.core.transport import MAX_LINE, LineReader, OversizedLine, read_line
 from prospero.testkit import scripts
 from prospero.types.events import (
@@ -482,7 +482,7 @@ def test_new_line_and_gap_types_unchanged() -> None:
 async def test_high_water_survives_chunked_pruning_and_appends_skip_heads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import prospero.core.store.sqlite as sqlite_mod
+    import prospero.core.store.sqlite.events as sqlite_mod
 
     monkeypatch.setattr(sqlite_mod, "PRUNE_CHUNK", 7)
     db = tmp_path / "events.db"

@@ -16,7 +16,7 @@ from prospero.core.retention import (
     cutoff_ts,
     prune_older_than,
 )
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from tests.conformance.eventstore import ev
 from tests.support import wait_until
 

@@ -1,4 +1,4 @@
-"""Appends on the event loop's thread (`SqliteEventStore.append_now`, `store.sqlite_inline`)
+"""Appends on the event loop's thread (`SqliteEventStore.append_now`, `store.sqlite.inline`)
 and the emitter's use of them: same rows and errors as the writer thread's path, never a wait
 for a held write lock (the batch goes to the writer thread instead, in order), checkpoints
 asked of the writer thread."""
@@ -17,9 +17,9 @@ from prospero.core import emitter_commit
 from prospero.core.bus import InProcessBus
 from prospero.core.emitter import Emitter
 from prospero.core.errors import SeqConflict
-from prospero.core.store import sqlite_inline
 from prospero.core.store.base import CursorMark
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite import inline as sqlite_inline
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.types.events import EventRun
 from tests.support import CollectingBus, wait_until
 

@@ -12,9 +12,9 @@ import pytest
 
 from prospero.core.errors import SeqConflict, StoreError
 from prospero.core.store import reduce
-from prospero.core.store import sqlite as sqlite_mod
 from prospero.core.store.base import ConfigStore, EventStore
-from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
+from prospero.core.store.sqlite import events as sqlite_mod
+from prospero.core.store.sqlite.events import SqliteConfigStore, SqliteEventStore
 from prospero.types.events import (
     DecisionPending,
     DecisionToolCall,

@@ -17,7 +17,7 @@ from prospero.core.bus import InProcessBus
 from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
 from prospero.core.store.base import RawEvent, StoredEvent
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.core.subscription import (
     IDLE,
     Follower,

@@ -30,7 +30,7 @@ import pytest
 from prospero.core.caliband_client import CalibandClient
 from prospero.core.discovery import socket_path_for
 from prospero.core.sources import canonical_root
-from prospero.core.store.sqlite import SqliteEventStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.core.wire.control import AgentRecord, UnixEndpoint
 from prospero.testkit.faults import FaultPlan, Scenario, ScenarioAgent, ScriptSpec, wire_lines
 from prospero.types.events import FleetEvent

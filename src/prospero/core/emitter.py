@@ -122,7 +122,7 @@ class Emitter(CommitPath):
         # Stores that can also append right here on the loop's thread when their write lock is
         # free (`inline_appender`: the SQLite store) get the live path's batches that way: one
         # group commit per loop turn (`_schedule_inline`), no thread hand-off (see
-        # `store.sqlite_inline`). A batch they refuse (lock held), or a large one, goes to the
+        # `store.sqlite.inline`). A batch they refuse (lock held), or a large one, goes to the
         # submit path, which then keeps the order until it has drained.
         inline = getattr(store, "inline_appender", None)
         self._inline: Callable[[], InlineAppend | None] | None = (

@@ -24,9 +24,9 @@ from prospero.core.fleet.provider import FleetProvider
 from prospero.core.metrics import Metrics
 from prospero.core.ratecard import RateCard
 from prospero.core.retention import RetentionTask
-from prospero.core.store.agents_sqlite import SqliteAgentMetaStore
-from prospero.core.store.decisions_sqlite import SqliteDecisionStore
-from prospero.core.store.sqlite import SqliteConfigStore, SqliteEventStore
+from prospero.core.store.sqlite.agents import SqliteAgentMetaStore
+from prospero.core.store.sqlite.decisions import SqliteDecisionStore
+from prospero.core.store.sqlite.events import SqliteConfigStore, SqliteEventStore
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership, SelfOwnsAll
 from prospero.core.provider_env import validate_config
 from prospero.core.sources import discover_sources, validate_root
-from prospero.core.store.agents_sqlite import MemoryAgentMetaStore, SqliteAgentMetaStore
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
+from prospero.core.store.sqlite.agents import MemoryAgentMetaStore, SqliteAgentMetaStore
 from prospero.core.wire.control import AgentRecord
 from prospero.types.api import Readiness, WorkspaceSummary
 from prospero.types.model import (

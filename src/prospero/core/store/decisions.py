@@ -1,5 +1,5 @@
 """The DecisionStore seam: durable permission decisions, session rules and workspace policies
-(ADR 0006). SQLite (`decisions_sqlite.SqliteDecisionStore`, tables in `events.db`) is the
+(ADR 0006). SQLite (`sqlite.decisions.SqliteDecisionStore`, tables in `events.db`) is the
 embedded default; PostgreSQL follows behind the same Protocol.
 
 The one operation that must be atomic is `resolve`: a conditional update that succeeds for

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from prospero.core.store.sqlite_db import LazySqliteStore
+from prospero.core.store.sqlite.db import LazySqliteStore
 from prospero.types.model import AgentMeta
 
 log = logging.getLogger(__name__)

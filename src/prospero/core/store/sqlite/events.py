@@ -8,21 +8,21 @@ connection on a dedicated single-thread executor (every write is serialised ther
 what makes group commit cheap) and one *reader* connection on a second single-thread executor
 (WAL lets it read committed data while the writer commits).
 
-Schema and migrations: `sqlite_schema.py` (the tables, user_version 3). The rows themselves
+Schema and migrations: `schema.py` (the tables, user_version 3). The rows themselves
 (kind JSON, `kind_tag`, poison reduction, usage folding) are `rows.py`, shared with any other
-store; the batch INSERT statements are `sqlite_insert.py`; `SqliteConfigStore` is
-`sqlite_config.py` (re-exported here).
+store; the batch INSERT statements are `insert.py`; `SqliteConfigStore` is
+`config.py` (re-exported here).
 
 Appending is built around the GIL: every sqlite3 step releases it and must take it back, and
 taking it back while the event loop is busy can cost a whole switch interval (5 ms). So a batch
 goes in as *one* statement (`INSERT ... SELECT ... FROM json_each(?)`, the rows passed as one
-JSON array; the bound-parameter fallback and the statements are `sqlite_insert.py`), atomic on
+JSON array; the bound-parameter fallback and the statements are `insert.py`), atomic on
 its own; only batches that also update `usage_daily` or `cursors` use an explicit transaction.
 A poison kind is written in its reduced form and replaced by it in the batch (`rows.py`).
 `submit_append` queues an append to the writer thread without awaiting (the emitter's
 pipeline; `after=` chains it to an earlier append); `append_batch` awaits the same job.
 `append_now` does it on the calling thread (the event loop's) when the write lock is free this
-instant, on a connection of its own that never waits and never checkpoints (`sqlite_inline.py`):
+instant, on a connection of its own that never waits and never checkpoints (`inline.py`):
 the emitter's live path, with the rows bound as parameters (no GIL to save there).
 """
 
@@ -39,10 +39,10 @@ from typing import Any, TypeVar
 from prospero.core.errors import SeqConflict, StoreError
 from prospero.core.store.base import CursorMark, KindScan, RawEvent, StoredEvent, UsageDay
 from prospero.core.store.rows import OUTCOMES, encode_batch, raw_events, row_to_event
-from prospero.core.store.sqlite_config import SqliteConfigStore as SqliteConfigStore
-from prospero.core.store.sqlite_db import SqliteDb
-from prospero.core.store.sqlite_inline import InlineWriter, WriteLockBusy, is_busy
-from prospero.core.store.sqlite_insert import (
+from prospero.core.store.sqlite.config import SqliteConfigStore as SqliteConfigStore
+from prospero.core.store.sqlite.db import SqliteDb
+from prospero.core.store.sqlite.inline import InlineWriter, WriteLockBusy, is_busy
+from prospero.core.store.sqlite.insert import (
     INSERT_JSON_ROWS,
     ROWS_PER_INSERT,
     UPSERT_CURSOR,
@@ -52,8 +52,8 @@ from prospero.core.store.sqlite_insert import (
     rows_per_insert,
     upsert_cursors,
 )
-from prospero.core.store.sqlite_schema import SCHEMA_VERSION as SCHEMA_VERSION
-from prospero.core.store.sqlite_schema import UPSERT_USAGE, init_schema
+from prospero.core.store.sqlite.schema import SCHEMA_VERSION as SCHEMA_VERSION
+from prospero.core.store.sqlite.schema import UPSERT_USAGE, init_schema
 from prospero.types.events import EventRun, FleetEvent
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class SqliteEventStore:
 
     def _request_checkpoint(self) -> None:
         """A PASSIVE WAL checkpoint on the writer thread (the inline writer never checkpoints:
-        see `sqlite_inline`), unless one is already queued."""
+        see `inline`), unless one is already queued."""
         if self._checkpointing or self._writer is None:
             return
         self._checkpointing = True
@@ -244,7 +244,7 @@ class SqliteEventStore:
         if the database's write lock is free this instant: the ordinals, or SeqConflict /
         StoreError exactly as the future would fail. None: the lock is held (by the writer
         thread, another connection or process); nothing was written, use `submit_append`.
-        Never waits for a lock and never checkpoints (see `sqlite_inline`)."""
+        Never waits for a lock and never checkpoints (see `inline`)."""
         inline = self._inline
         if inline is None:
             raise StoreError("sqlite event store is not open")

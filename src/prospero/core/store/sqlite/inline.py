@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from prospero.core.errors import StoreError
-from prospero.core.store.sqlite_db import connect
+from prospero.core.store.sqlite.db import connect
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import orjson
 from pydantic import ValidationError
 
 from prospero.core.store.decisions import SessionRule
-from prospero.core.store.sqlite_db import LazySqliteStore
+from prospero.core.store.sqlite.db import LazySqliteStore
 from prospero.types.decisions import Decision, DecisionState, WorkspacePolicy
 from prospero.types.events import DecisionOption, DecisionToolCall
 

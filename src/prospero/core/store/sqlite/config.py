@@ -8,8 +8,8 @@ from pathlib import Path
 
 import orjson
 
-from prospero.core.store.sqlite_db import LazySqliteStore
-from prospero.core.store.sqlite_schema import init_schema
+from prospero.core.store.sqlite.db import LazySqliteStore
+from prospero.core.store.sqlite.schema import init_schema
 from prospero.types.model import RegisteredWorkspace, RepoProviderConfig
 
 log = logging.getLogger("prospero.core.store.sqlite")
