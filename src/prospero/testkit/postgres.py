@@ -82,11 +82,12 @@ class PgServer:
     def dsn(self, database: str) -> str:
         return f"postgresql://prospero@127.0.0.1:{self.port}/{database}"
 
-    def _run_as(self) -> dict[str, object]:
+    def _ids(self) -> tuple[int | None, int | None, list[int] | None]:
+        """(uid, gid, supplementary groups) to run the server as; all None: as ourselves."""
         if self._user is None:
-            return {}
+            return None, None, None
         pw = pwd.getpwnam(self._user)
-        return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+        return pw.pw_uid, pw.pw_gid, []
 
     def start(self) -> PgServer:
         self.dir = Path(tempfile.mkdtemp(prefix="pr-pg-", dir="/tmp"))
@@ -96,6 +97,7 @@ class PgServer:
             pw = pwd.getpwnam(self._user)
             for p in (self.dir, sock):
                 os.chown(p, pw.pw_uid, pw.pw_gid)
+        uid, gid, groups = self._ids()
         env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "HOME": str(self.dir)}
         init = subprocess.run(
             [
@@ -113,7 +115,9 @@ class PgServer:
             capture_output=True,
             env=env,
             cwd=self.dir,
-            **self._run_as(),  # type: ignore[arg-type]
+            user=uid,
+            group=gid,
+            extra_groups=groups,
         )
         if init.returncode != 0:
             raise PgUnavailable(f"initdb failed: {init.stderr.decode(errors='replace')[-2000:]}")
@@ -143,7 +147,9 @@ class PgServer:
             stderr=subprocess.STDOUT,
             env=env,
             cwd=self.dir,
-            **self._run_as(),  # type: ignore[arg-type]
+            user=uid,
+            group=gid,
+            extra_groups=groups,
         )
         log.close()
         deadline = time.monotonic() + START_TIMEOUT
