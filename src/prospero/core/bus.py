@@ -101,6 +101,11 @@ class Bus(Protocol):
         """Register now (items published after this call are delivered); None = all streams."""
         ...
 
+    def wants(self, stream_key: str) -> bool:
+        """Whether publishing an event of this stream now would reach anyone (False lets the
+        emitter skip building the event); a bus that cannot tell says True."""
+        ...
+
 
 class InProcessSubscription:
     __slots__ = ("_bus", "_closed", "_dropped", "_interrupted", "_queue", "_waiter", "key")

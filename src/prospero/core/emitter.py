@@ -50,6 +50,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 from prospero.core.bus import Bus
 from prospero.core.emitter_commit import CommitPath
@@ -62,7 +63,7 @@ from prospero.core.emitter_queue import (
 )
 from prospero.core.errors import StoreError
 from prospero.core.metrics import Metrics
-from prospero.core.store.base import CursorMark, EventStore
+from prospero.core.store.base import CursorMark, EventStore, PipelinedAppends
 from prospero.types.events import (
     EVENT_KIND_TYPES,
     CompactKind,
@@ -110,23 +111,23 @@ class Emitter(CommitPath):
         self._done = 0
         self._flush_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._task: asyncio.Task[None] | None = None
-        # Stores that take a batch synchronously (`batch_submitter`) let a producer hand the
-        # next batch over, and finish committed ones, without waiting for a turn of the writer
+        # Stores that take a batch synchronously (`pipelined_appends`: `batch_submitter`) let a
+        # producer hand the next batch over, and finish committed ones, without waiting for a turn of the writer
         # task (which, behind many busy drivers, can come late): the store keeps committing
         # while the drivers work. Up to _PIPELINE_DEPTH batches are in flight, each queued
         # `after` the previous one; failures go to the writer task (`_recover`).
-        submitter = getattr(store, "batch_submitter", None)
+        caps = store.capabilities
+        pipelined = cast(PipelinedAppends, store) if caps.pipelined_appends else None
         self._submitter: Callable[[], Submit | None] | None = (
-            submitter if callable(submitter) else None
+            pipelined.batch_submitter if pipelined is not None else None
         )
         # Stores that can also append right here on the loop's thread when their write lock is
-        # free (`inline_appender`: the SQLite store) get the live path's batches that way: one
+        # free (`inline_appends`: the SQLite store) get the live path's batches that way: one
         # group commit per loop turn (`_schedule_inline`), no thread hand-off (see
         # `store.sqlite.inline`). A batch they refuse (lock held), or a large one, goes to the
         # submit path, which then keeps the order until it has drained.
-        inline = getattr(store, "inline_appender", None)
         self._inline: Callable[[], InlineAppend | None] | None = (
-            inline if callable(inline) and self._submitter is not None else None
+            pipelined.inline_appender if pipelined is not None and caps.inline_appends else None
         )
         self._inline_scheduled = False
         self._direct = False  # the writer task is committing a batch itself (`_commit`)

@@ -283,11 +283,11 @@ class CommitPath:
         publish = self.bus.publish
         # A bus that can tell nobody would get a stream's events (no watcher: the usual case
         # while ingesting) spares building them: the models are only ever built to publish.
-        wants = getattr(self.bus, "wants", None)
+        wants = self.bus.wants
         i = 0
         for e in inf.entries:
             if type(e) is EventRun:
-                if wants is not None and not wants(e.stream_key):
+                if not wants(e.stream_key):
                     i += len(e)
                     continue
                 # One model at a time: a materialised run would hold thousands of live objects

@@ -5,12 +5,13 @@ is taken from it for the store, and what a finished store future means. Pure hel
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass
 
 from prospero.core.errors import StoreError
 from prospero.core.store.base import CursorMark
+from prospero.core.store.base import InlineAppend as StoreInlineAppend
+from prospero.core.store.base import Submit as StoreSubmit
 from prospero.core.store.reduce import free_form_safe, needs_check, reduce_kind
 from prospero.types.events import EventKind, EventRun, FleetEvent, Output
 
@@ -29,13 +30,8 @@ class InFlight:
     future: ConcurrentFuture[list[int]]
 
 
-Submit = Callable[
-    [Sequence[Entry], ConcurrentFuture[list[int]] | None], ConcurrentFuture[list[int]]
-]
-
-# A store's synchronous append (`inline_appender()`): the ordinals, or None when it cannot
-# take the batch right now (nothing written); raises as the submit path's future would fail.
-InlineAppend = Callable[[Sequence[Entry]], list[int] | None]
+Submit = StoreSubmit  # (the names the emitter modules use)
+InlineAppend = StoreInlineAppend
 
 
 def expand_any(kind: object) -> EventKind:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from prospero.types.events import FleetEvent
+from prospero.types.events import EventRun, FleetEvent
 from prospero.types.model import AgentMeta, RegisteredWorkspace
 
 
@@ -40,6 +41,32 @@ class CursorMark:
 
     key: str
     data: bytes
+
+
+# What an append takes: events, runs of one stream's events, and the cursor marks they cover.
+AppendEntry = FleetEvent | EventRun | CursorMark
+# A store's pipelined append (`PipelinedAppends.batch_submitter()`): queued to its writer at
+# once, the future resolves to the ordinals (or fails as `append_batch` would); `after`: an
+# earlier append that must have succeeded first, else this one writes nothing.
+Submit = Callable[[Sequence[AppendEntry], Future[list[int]] | None], Future[list[int]]]
+# A store's synchronous append (`PipelinedAppends.inline_appender()`): the ordinals, or None
+# when it cannot take the batch right now (nothing written); raises as the submit path's
+# future would fail.
+InlineAppend = Callable[[Sequence[AppendEntry]], list[int] | None]
+
+
+@dataclass(frozen=True)
+class StoreCapabilities:
+    """What an event store declares beyond the EventStore seam, so that nobody probes for it.
+
+    `pipelined_appends`: it implements `PipelinedAppends.batch_submitter` (SQLite's writer
+    thread); `inline_appends`: also `PipelinedAppends.inline_appender` (SQLite's append on the
+    loop's thread). `shared`: several prosperods may use the same store at once (PostgreSQL),
+    so the rows can change under this process (another replica's appends)."""
+
+    pipelined_appends: bool = False
+    inline_appends: bool = False
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +105,8 @@ class UsageDay:
 
 @runtime_checkable
 class EventStore(Protocol):
+    capabilities: StoreCapabilities
+
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -178,6 +207,16 @@ class EventStore(Protocol):
         ...
 
     async def load_cursor(self, key: str) -> bytes | None: ...
+
+
+class PipelinedAppends(Protocol):
+    """The faster ways into a store that declares them in its `capabilities` (the emitter's
+    live path). Each is asked again for every batch: None means "not now, use `append_batch`"
+    (e.g. the store is closing, or `append_batch` is customised and must see every append)."""
+
+    def batch_submitter(self) -> Submit | None: ...
+
+    def inline_appender(self) -> InlineAppend | None: ...
 
 
 @runtime_checkable

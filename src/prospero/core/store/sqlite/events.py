@@ -37,7 +37,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from prospero.core.errors import SeqConflict, StoreError
-from prospero.core.store.base import CursorMark, KindScan, RawEvent, StoredEvent, UsageDay
+from prospero.core.store.base import (
+    CursorMark,
+    KindScan,
+    RawEvent,
+    StoreCapabilities,
+    StoredEvent,
+    UsageDay,
+)
 from prospero.core.store.rows import OUTCOMES, encode_batch, raw_events, row_to_event
 from prospero.core.store.sqlite.config import SqliteConfigStore as SqliteConfigStore
 from prospero.core.store.sqlite.db import SqliteDb
@@ -110,6 +117,10 @@ def _wrap(e: Exception, what: str) -> StoreError:
 
 class SqliteEventStore:
     """Durable event store on one SQLite file. Call `open()` before use."""
+
+    # Both fast paths of `PipelinedAppends` (each still says None when it must not be used);
+    # one prosperod per file.
+    capabilities = StoreCapabilities(pipelined_appends=True, inline_appends=True)
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
