@@ -136,6 +136,8 @@ def test_bad_values_are_config_errors(tmp_path: Path) -> None:
         (["--default-env", "=v"], {}, "default_env"),
         ([], {"PROSPERO_ADDR": "nonsense"}, "addr"),
         (["--config", str(tmp_path / "missing.toml")], {}, "cannot read config file"),
+        (["--database-url", "mysql://u@h/db"], {}, "database_url must be postgresql://"),
+        ([], {"PROSPERO_DATABASE_URL": "/var/lib/db"}, "database_url must be postgresql://"),
     ]
     for argv, env, match in cases:
         with pytest.raises(ConfigError, match=match):
@@ -337,3 +339,12 @@ async def test_poll_backoff_reaches_the_fleet_manager(tmp_path: Path) -> None:
             3.0,
             1.5,
         )
+
+
+def test_database_url_from_flag_or_env(tmp_path: Path) -> None:
+    assert load_config([], {}).database_url is None  # standalone SQLite
+    url = "postgresql://prospero@db.internal:5432/prospero"
+    assert load_config(["--database-url", url], {}).database_url == url
+    env = {"PROSPERO_DATABASE_URL": "postgres://u@h/x"}
+    assert load_config([], env).database_url == "postgres://u@h/x"
+    assert load_config(["--database-url", url], env).database_url == url  # flag wins

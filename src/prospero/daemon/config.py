@@ -50,6 +50,7 @@ from urllib.parse import urlsplit
 from prospero.core.errors import InvalidConfig
 from prospero.core.fleet.local import CalibandNetworkConfig
 from prospero.core.ratecard import DEFAULT_RATES, Rate, RateCard
+from prospero.core.store.backend import is_database_url
 from prospero.core.tokens import TokenFileError, read_tokens_file
 from prospero.core.transport import NetworkSecurity
 from prospero.core.wire.control import TcpEndpoint
@@ -234,6 +235,11 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("addr", f"HTTP bind HOST:PORT (default {DEFAULT_ADDR}; port 0 = ephemeral)"),
     Setting("data_dir", "directory holding events.db (default: $XDG_DATA_HOME/prospero)", "path"),
+    Setting(
+        "database_url",
+        "postgresql://user[:password]@host[:port]/db: keep history, workspaces and decisions "
+        "in PostgreSQL instead of <data dir>/events.db (one prosperod per database for now)",
+    ),
     Setting("host", "host label shown in fleet snapshots (default: local)"),
     Setting("poll_interval_ms", "workspace poll cadence in ms (default 2000)", "int"),
     Setting(
@@ -508,6 +514,13 @@ def build_config(values: Mapping[str, Any]) -> DaemonConfig:
         cfg.data_dir = Path(str(values["data_dir"])).expanduser()
     else:
         cfg.data_dir = default_data_dir()
+    if values.get("database_url"):
+        url = str(values["database_url"])
+        if not is_database_url(url):
+            raise ConfigError(
+                "database_url must be postgresql://user[:password]@host[:port]/database"
+            )
+        cfg.database_url = url
     if "host" in values:
         cfg.host_label = str(values["host"]) or "local"
     if "poll_interval_ms" in values:

@@ -24,9 +24,8 @@ from prospero.core.fleet.provider import FleetProvider
 from prospero.core.metrics import Metrics
 from prospero.core.ratecard import RateCard
 from prospero.core.retention import RetentionTask
-from prospero.core.store.sqlite.agents import SqliteAgentMetaStore
-from prospero.core.store.sqlite.decisions import SqliteDecisionStore
-from prospero.core.store.sqlite.events import SqliteConfigStore, SqliteEventStore
+from prospero.core.store.backend import StoreBackend, open_backend
+from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +45,9 @@ class DaemonConfig:
     bind_host: str = "127.0.0.1"
     port: int = 7878
     data_dir: Path = field(default_factory=default_data_dir)
+    # Set: the stores live in this PostgreSQL database instead of <data_dir>/events.db
+    # (core/store/backend.py). The data dir still holds the session key.
+    database_url: str | None = None
     host_label: str = "local"
     poll_interval: float = 2.0
     # Quiet workspaces are polled less often (FleetConfig): up to `poll_idle_backoff` times
@@ -95,9 +97,10 @@ class Runtime:
         self.config = config
         self.metrics = Metrics()
         self._provider_override = provider
-        self.store: SqliteEventStore | None = None
-        self.config_store: SqliteConfigStore | None = None
-        self.agents: SqliteAgentMetaStore | None = None
+        self.backend: StoreBackend | None = None
+        self.store: EventStore | None = None
+        self.config_store: ConfigStore | None = None
+        self.agents: AgentMetaStore | None = None
         self.bus = InProcessBus(buffer=config.bus_buffer, metrics=self.metrics)
         self.emitter: Emitter | None = None
         self.manager: FleetManager | None = None
@@ -107,17 +110,16 @@ class Runtime:
     async def start(self) -> None:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = SqliteEventStore(cfg.db_path)
-        await self.store.open()
-        self.config_store = SqliteConfigStore(cfg.db_path)
-        await self.config_store.open()
+        # SQLite in the data dir, or PostgreSQL when a database URL is set.
+        self.backend = backend = await open_backend(cfg.database_url, cfg.db_path)
+        self.store = backend.events
+        self.config_store = backend.config
         # Prospero's own per-agent metadata (posture, protocol, spawned or adopted here).
-        self.agents = SqliteAgentMetaStore(cfg.db_path)
-        await self.agents.open()
+        self.agents = backend.agents
         self.emitter = Emitter(self.store, self.bus, self.metrics)
         await self.emitter.start()
         self.decisions = DecisionService(
-            SqliteDecisionStore(cfg.db_path),
+            backend.decisions,
             self.emitter,
             self.metrics,
             DecisionConfig(
@@ -181,12 +183,8 @@ class Runtime:
         if self.emitter is not None:
             with contextlib.suppress(Exception):
                 await wait_for(self.emitter.close(), 10.0)
-        if self.config_store is not None:
-            await self.config_store.close()
-        if self.agents is not None:
-            await self.agents.close()
-        if self.store is not None:
-            await self.store.close()
+        if self.backend is not None:
+            await self.backend.close()
 
     async def __aenter__(self) -> Runtime:
         await self.start()

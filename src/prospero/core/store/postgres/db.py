@@ -119,3 +119,41 @@ class PgDb:
             raise
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             raise StoreError(f"database {self.where}: migrating {component} failed: {e}") from e
+
+
+# pg_try_advisory_lock key held by the one prosperod a database serves until replicas share
+# it under leases (issue 12): a second one is refused at boot instead of driving agents twice.
+SINGLE_REPLICA_LOCK = 0x70726F74  # "prot"
+
+
+class SingleReplica:
+    """A session-level advisory lock on a connection of its own, held while prosperod runs."""
+
+    def __init__(self, db: PgDb) -> None:
+        self.db = db
+        self._conn: asyncpg.Connection | None = None
+
+    async def claim(self) -> None:
+        try:
+            conn = await asyncpg.connect(self.db.dsn)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as e:
+            raise StoreError(f"cannot open database {self.db.where}: {e}") from e
+        try:
+            got = await conn.fetchval("SELECT pg_try_advisory_lock($1)", SINGLE_REPLICA_LOCK)
+        except BaseException:
+            await conn.close()
+            raise
+        if not got:
+            await conn.close()
+            raise StoreError(
+                f"database {self.db.where} is in use by another prosperod; several replicas "
+                "on one database are not supported yet (ownership leases are not wired in): "
+                "stop the other one or give this one its own database"
+            )
+        self._conn = conn
+
+    async def close(self) -> None:
+        """Release the claim (idempotent)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()  # the session ends: the lock goes with it

@@ -1,0 +1,93 @@
+"""prosperod on PostgreSQL (`--database-url`, core/store/backend.py): the whole HTTP stack on a
+real throwaway PostgreSQL server, a fake caliband and scripted agents, the same API as SQLite."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from prospero.core.errors import StoreError
+from prospero.daemon.runtime import DaemonConfig, Runtime
+from tests.api.conftest import SseReader, StackFactory, sse_headers
+from tests.support import wait_until
+
+
+async def sse_events(client: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
+    """Every event of a stream that ends (a finished agent's)."""
+    out: list[dict[str, Any]] = []
+    async with client.stream("GET", url, headers=sse_headers()) as resp:
+        assert resp.status_code == 200
+        reader = SseReader(resp)
+        while (msg := await reader.next()) is not None:
+            if msg.event is None:
+                out.append(msg.json())
+    return out
+
+
+async def test_history_workspaces_and_metadata_live_in_postgres(
+    make_stack: StackFactory, pg_dsn: str
+) -> None:
+    first = await make_stack(database_url=pg_dsn)
+    assert first.runtime.backend is not None and first.runtime.backend.kind == "postgres"
+    assert not (first.tmp / "data" / "events.db").exists()  # nothing went to SQLite
+    agent = await first.spawn("tools")
+    await first.wait_finished(agent)
+    events: list[dict[str, Any]] = []
+
+    async def settled() -> bool:  # the poll has recorded the final status too
+        nonlocal events
+        events = await first.history(agent)
+        return any(e["kind"].get("to") == "done" for e in events)
+
+    await wait_until(settled, 20.0, interval=0.05, what="status done recorded")
+    kinds = [e["kind"]["kind"] for e in events]
+    assert "agent_finished" in kinds and "tool_started" in kinds
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    # The stream ends with the run (`agent_finished`); the final status follows it in history.
+    end = kinds.index("agent_finished") + 1
+    assert await sse_events(first.client, f"/api/agents/{agent}/stream") == events[:end]
+    r = await first.client.get("/api/usage")
+    assert r.status_code == 200, r.text
+    await first.client.aclose()
+    await first.server.stop()
+    await first.runtime.stop()
+
+    # A new prosperod on the same database: the workspace, the agent's metadata and its whole
+    # history are there, byte for byte.
+    second = await make_stack(database_url=pg_dsn, workspace=False)
+    await second.add_workspace("ws", register=False)  # its caliband, not a new registration
+    r = await second.client.get("/api/workspaces")
+    assert [w["name"] for w in r.json()] == ["ws"]
+    assert await second.history(agent) == events
+    await second.wait_status(agent, "done")  # once its first poll has listed the workspace
+    r = await second.client.get(f"/api/agents/{agent}")
+    assert r.status_code == 200, r.text
+    assert r.json()["drive_protocol"] == "ndjson"
+
+
+async def test_a_second_prosperod_on_one_database_is_refused(
+    make_stack: StackFactory, pg_dsn: str, tmp_path: Any
+) -> None:
+    await make_stack(database_url=pg_dsn, workspace=False)
+    other = Runtime(DaemonConfig(data_dir=tmp_path / "other", autostart=False, database_url=pg_dsn))
+    with pytest.raises(StoreError, match="in use by another prosperod"):
+        await other.start()
+    await other.stop()  # what start() opened is released: nothing to close twice
+
+
+async def test_an_unreachable_database_fails_the_start_with_the_server_named(
+    tmp_path: Any,
+) -> None:
+    rt = Runtime(
+        DaemonConfig(
+            data_dir=tmp_path / "d",
+            autostart=False,
+            database_url="postgresql://prospero:hunter2@127.0.0.1:1/prospero",
+        )
+    )
+    with pytest.raises(StoreError) as err:
+        await rt.start()
+    assert "127.0.0.1:1" in str(err.value) and "hunter2" not in str(err.value)
+    await rt.stop()
