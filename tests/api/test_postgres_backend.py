@@ -91,3 +91,26 @@ async def test_an_unreachable_database_fails_the_start_with_the_server_named(
         await rt.start()
     assert "127.0.0.1:1" in str(err.value) and "hunter2" not in str(err.value)
     await rt.stop()
+
+
+async def test_live_sse_on_postgres_arrives_through_the_doorbell(
+    make_stack: StackFactory, pg_dsn: str
+) -> None:
+    stack = await make_stack(database_url=pg_dsn)
+    seen: list[dict[str, Any]] = []
+    agent: str | None = None
+    async with stack.client.stream("GET", "/api/stream", headers=sse_headers()) as resp:
+        assert resp.status_code == 200
+        reader = SseReader(resp)
+        agent = await stack.spawn()  # after the stream is open: everything arrives live
+        while (msg := await reader.next()) is not None:
+            if msg.event is not None:
+                continue
+            ev = msg.json()
+            if ev["agent_id"] == agent:
+                seen.append(ev)
+                if ev["kind"]["kind"] == "agent_finished":
+                    break
+    history = await stack.history(agent)
+    assert seen == history[: len(seen)]
+    assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))

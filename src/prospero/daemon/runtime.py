@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prospero.core.aio import wait_for
 from prospero.core.bus import InProcessBus
+from prospero.core.bus.postgres import PgBus
 from prospero.core.decisions import DecisionConfig, DecisionService
 from prospero.core.drivers.acp import acp_driver_factory
 from prospero.core.drivers.acp.auth import workspace_credentials
@@ -101,7 +102,10 @@ class Runtime:
         self.store: EventStore | None = None
         self.config_store: ConfigStore | None = None
         self.agents: AgentMetaStore | None = None
-        self.bus = InProcessBus(buffer=config.bus_buffer, metrics=self.metrics)
+        # One process: the in-process bus; PostgreSQL: `PgBus` (set up in `start`).
+        self.bus: InProcessBus | PgBus = InProcessBus(
+            buffer=config.bus_buffer, metrics=self.metrics
+        )
         self.emitter: Emitter | None = None
         self.manager: FleetManager | None = None
         self.decisions: DecisionService | None = None
@@ -116,6 +120,13 @@ class Runtime:
         self.config_store = backend.config
         # Prospero's own per-agent metadata (posture, protocol, spawned or adopted here).
         self.agents = backend.agents
+        if backend.kind == "postgres" and cfg.database_url:
+            # Every replica's events reach this one's subscribers through the store, woken by
+            # the NOTIFY each append sends at commit (core/bus/postgres.py).
+            self.bus = PgBus(
+                backend.events, cfg.database_url, buffer=cfg.bus_buffer, metrics=self.metrics
+            )
+            await self.bus.start()
         self.emitter = Emitter(self.store, self.bus, self.metrics)
         await self.emitter.start()
         self.decisions = DecisionService(
@@ -183,6 +194,8 @@ class Runtime:
         if self.emitter is not None:
             with contextlib.suppress(Exception):
                 await wait_for(self.emitter.close(), 10.0)
+        if isinstance(self.bus, PgBus):
+            await self.bus.close()
         if self.backend is not None:
             await self.backend.close()
 
