@@ -19,6 +19,7 @@ API_SSE_STREAMS = "api_sse_streams"
 
 COUNTER_HELP: dict[str, str] = {
     m.EVENTS_APPENDED: "Events appended to the event store.",
+    m.EVENTS_FENCED: "Events dropped by a fenced emitter: written under a lease this replica no longer holds.",
     m.APPEND_FAILURES: "Failed event-store appends.",
     m.UNKNOWN_FRAMES: "Agent stream frames of an unknown type (skipped).",
     m.MALFORMED_LINES: "Agent stream lines that were not valid JSON (skipped).",

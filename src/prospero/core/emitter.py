@@ -39,6 +39,16 @@ Any other store failure does not lose the live view: the events are published wi
 None, `append_failures` is counted, and a `store_persist_failed{lost_seq, detail}` marker is
 emitted on each affected stream (its persistence is attempted once, it is published either way).
 
+Fencing (clustered replicas): given an `ownership` (`core.ownership.FencingOwnership`) and a
+store with `fenced_appends` (PostgreSQL), each batch is appended with the fences of the leases
+its events are written under (`lease_key_for`: the agent's, `repo:<workspace>` for lifecycle
+kinds, none for the unfenced ones; a cursor goes under its agent's). The store refuses the
+batch (`FenceLost`, nothing written) when one of them is no longer this replica's, with the
+same epoch: the emitter then drops the events and cursors of the lost keys — another replica
+writes those now: they are not published, get no loss marker, and are counted as
+`events_fenced` — and appends the rest at once. Without an ownership, or on a store without
+the capability (SQLite), nothing of this runs.
+
 Memory is bounded: once `max_pending` events are emitted but not yet committed, `emit` waits
 for the writer (back-pressure on a slow store) instead of queueing without limit.
 """
@@ -63,6 +73,7 @@ from prospero.core.emitter_queue import (
 )
 from prospero.core.errors import StoreError
 from prospero.core.metrics import Metrics
+from prospero.core.ownership import FencingOwnership
 from prospero.core.store.base import CursorMark, EventStore, PipelinedAppends
 from prospero.types.events import (
     EVENT_KIND_TYPES,
@@ -92,6 +103,7 @@ class Emitter(CommitPath):
         max_batch: int = 4096,
         max_pending: int = 100_000,
         max_conflict_retries: int = 8,
+        ownership: FencingOwnership | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -136,6 +148,14 @@ class Emitter(CommitPath):
         self._slow = False  # the writer task is handling a failed commit: submit nothing
         self._closing = False
         self._closed = False
+        # Clustered: every append carries the fences of the leases it is written under, checked
+        # by the store in its transaction (`fenced_appends`; `_commit_fenced`). A store without
+        # that capability has one writer: no fences, the paths above unchanged.
+        self.ownership = ownership
+        self._fencing: FencingOwnership | None = (
+            ownership if ownership is not None and caps.fenced_appends else None
+        )
+        self._fence_warned: set[str] = set()  # lost keys already logged (once each)
 
     # -- lifecycle -----------------------------------------------------------------------
 

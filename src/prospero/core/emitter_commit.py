@@ -1,7 +1,8 @@
 """The emitter's commit path (mixed into `core.emitter.Emitter`, see its module doc): the
 writer task, the submit pipeline to the store's writer thread, the inline path on the loop's
-own thread, publishing committed batches, and the slow path for failed appends (seq-conflict
-re-seeding, loss markers)."""
+own thread, publishing committed batches, the slow path for failed appends (seq-conflict
+re-seeding, loss markers) and fenced commits (`_commit_fenced`: writes under leases, dropping
+what a lost lease covered)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from prospero.core.emitter_queue import (
     materialise,
     take,
 )
-from prospero.core.errors import SeqConflict, StoreError
-from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, Metrics
+from prospero.core.errors import FenceLost, SeqConflict, StoreError
+from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, EVENTS_FENCED, Metrics
+from prospero.core.ownership import FencingOwnership, lease_key_for
 from prospero.core.store.base import CursorMark, EventStore
 from prospero.types.events import EventRun, FleetEvent, StorePersistFailed, now_ts
 
@@ -65,6 +67,8 @@ class CommitPath:
     _inflight: deque[InFlight]
     _slow: bool
     _closed: bool
+    _fencing: FencingOwnership | None
+    _fence_warned: set[str]
 
     def _enqueue(self, ev: FleetEvent) -> None:
         raise NotImplementedError
@@ -319,6 +323,9 @@ class CommitPath:
         submit path), handled as if this call had got it."""
         if not batch and not cursors:
             return
+        if self._fencing is not None:
+            await self._commit_fenced(self._fencing, batch, cursors, failed)
+            return
         attempt = 0
         while True:
             try:
@@ -351,6 +358,136 @@ class CommitPath:
             for ordinal, ev in zip(ordinals, batch, strict=True):
                 publish(BusItem(ordinal, ev))
             return
+
+    async def _commit_fenced(
+        self,
+        fencing: FencingOwnership,
+        batch: list[FleetEvent],
+        cursors: dict[str, bytes],
+        failed: BaseException | None,
+    ) -> None:
+        """`_commit` under leases (a store with `fenced_appends`, an emitter given an
+        `ownership`): each event goes with the fence of its lease (`lease_key_for`; unfenced
+        kinds with none), each cursor with its agent's. On `FenceLost` the events and cursors of
+        the lost keys are dropped — another replica owns them now: not published, no loss
+        marker, counted as `events_fenced` — and the rest is retried at once. A key we hold no
+        lease on at all (epoch 0) is dropped without asking the store."""
+        keys = [lease_key_for(ev.repo, ev.agent_id, ev.kind.kind) for ev in batch]
+        attempt = 0
+        while True:
+            if not batch and not cursors:
+                return
+            wanted = {k for k in keys if k is not None}
+            wanted.update(cursor_lease_key(k) for k in cursors)
+            fences = [fencing.fence(k) for k in sorted(wanted)]
+            try:
+                if failed is not None:
+                    error, failed = failed, None
+                    raise error
+                unheld = [f.key for f in fences if f.epoch <= 0]
+                if unheld:
+                    raise FenceLost(unheld)
+                ordinals = await self.store.append_batch(
+                    batch, cursors=cursors or None, fences=fences or None
+                )
+            except FenceLost as e:
+                lost = set(e.keys)
+                before = len(batch) + len(cursors)
+                batch, keys, cursors = self._drop_fenced(lost, batch, keys, cursors)
+                if len(batch) + len(cursors) == before:  # (a store naming keys we did not send)
+                    self._persist_failed(batch, f"fence lost on keys not in the batch: {e}")
+                    return
+                continue
+            except SeqConflict as e:
+                attempt += 1
+                if attempt > self.max_conflict_retries:
+                    self._persist_failed(batch, f"seq conflict not resolved: {e}")
+                    return
+                log.info("emitter: seq conflict (attempt %d), re-seeding: %s", attempt, e)
+                await asyncio.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                try:
+                    batch = await self._reseed(batch)  # (same events, same order: keys hold)
+                except Exception as e2:
+                    self._persist_failed(batch, f"re-seed after seq conflict failed: {e2}")
+                    return
+                continue
+            except Exception as e:
+                self._persist_failed(batch, str(e) or type(e).__name__)
+                return
+            if self._fence_warned:
+                self._fence_warned.difference_update(f.key for f in fences)
+            self.metrics.inc(EVENTS_APPENDED, len(batch))
+            publish = self.bus.publish
+            for ordinal, ev in zip(ordinals, batch, strict=True):
+                publish(BusItem(ordinal, ev))
+            return
+
+    def _drop_fenced(
+        self,
+        lost: set[str],
+        batch: list[FleetEvent],
+        keys: list[str | None],
+        cursors: dict[str, bytes],
+    ) -> tuple[list[FleetEvent], list[str | None], dict[str, bytes]]:
+        """The batch without the events and cursors written under the `lost` leases. A stream
+        that lost events is renumbered to stay gapless: what is left of it in the batch, then
+        its still-queued events, continue from the first dropped seq; with nothing of it left,
+        its counter is forgotten (its next event continues from the store's high water: the
+        new owner's)."""
+        kept: list[FleetEvent] = []
+        kept_keys: list[str | None] = []
+        start: dict[str, int] = {}  # stream -> the seq its kept events continue from
+        for ev, k in zip(batch, keys, strict=True):
+            if k is not None and k in lost:
+                start.setdefault(ev.stream_key, ev.seq)
+            else:
+                kept.append(ev)
+                kept_keys.append(k)
+        kept_cursors = {c: d for c, d in cursors.items() if cursor_lease_key(c) not in lost}
+        dropped = len(batch) - len(kept)
+        if dropped:
+            self.metrics.inc(EVENTS_FENCED, dropped)
+        for key in sorted(lost - self._fence_warned):
+            self._fence_warned.add(key)
+            log.warning(
+                "emitter: lease %s is no longer ours: dropping what was written under it "
+                "(%d events in this batch, %d cursors); the new owner writes it",
+                key,
+                sum(1 for k in keys if k == key),
+                sum(1 for c in cursors if cursor_lease_key(c) == key),
+            )
+        if start:
+            left: set[str] = set()
+            for i, ev in enumerate(kept):
+                nxt = start.get(ev.stream_key)
+                if nxt is None:
+                    continue
+                left.add(ev.stream_key)
+                if ev.seq < nxt:  # (kept events before the first dropped one)
+                    continue
+                start[ev.stream_key] = nxt + 1
+                if ev.seq != nxt:
+                    kept[i] = ev.model_copy(update={"seq": nxt})
+            for i, entry in enumerate(self._pending):
+                if type(entry) is CursorMark:
+                    continue
+                key = entry.stream_key  # type: ignore[union-attr]
+                nxt = start.get(key)
+                if nxt is None:
+                    continue
+                left.add(key)
+                if type(entry) is EventRun:
+                    self._pending[i] = entry.renumbered(nxt)
+                    start[key] = nxt + len(entry)
+                else:
+                    self._pending[i] = entry.model_copy(update={"seq": nxt})  # type: ignore[union-attr]
+                    start[key] = nxt + 1
+            for key, nxt in start.items():
+                if key in left:
+                    self._next[key] = nxt
+                else:
+                    self._next.pop(key, None)
+        return kept, kept_keys, kept_cursors
 
     async def _reseed(self, batch: list[FleetEvent]) -> list[FleetEvent]:
         """Renumber the streams whose seqs another writer already used: this batch and every
@@ -423,3 +560,9 @@ class CommitPath:
                     ),
                 )
             )
+
+
+def cursor_lease_key(key: str) -> str:
+    """The lease a cursor row is written under: its agent's (the key is the agent id, or the
+    agent id and a `#` suffix for a driver's extra rows, e.g. the ndjson base row)."""
+    return key.partition("#")[0]

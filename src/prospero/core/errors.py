@@ -72,3 +72,13 @@ class StoreError(ProsperoError):
 
 class SeqConflict(StoreError):
     pass
+
+
+class FenceLost(StoreError):
+    """An append carried a lease (`store.base.Fence`) that is no longer this replica's: another
+    replica took it over (or it expired). Nothing of the batch was written. `keys`: the lease
+    keys that failed."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(f"lease(s) no longer held: {', '.join(keys)}")
+        self.keys = keys

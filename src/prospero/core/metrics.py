@@ -47,6 +47,8 @@ class Metrics:
 # Counter names used across the core (kept here so the API can document them).
 EVENTS_APPENDED = "events_appended"
 APPEND_FAILURES = "append_failures"
+# Events a fenced emitter dropped: written under a lease this replica no longer holds.
+EVENTS_FENCED = "events_fenced"
 UNKNOWN_FRAMES = "unknown_frames"
 MALFORMED_LINES = "malformed_lines"
 OVERSIZED_LINES = "oversized_lines"

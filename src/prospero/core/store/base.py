@@ -34,6 +34,17 @@ class RawEvent(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """A write guard: the lease `key` must still be held by `owner` with this `epoch` when the
+    append commits (checked in its transaction), else nothing is written (`FenceLost`). An
+    epoch of 0 is never held: it fences out a write by a replica that holds no lease at all."""
+
+    key: str
+    owner: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class CursorMark:
     """A driver's resume state queued in order with the events it covers (the emitter's
     `emit_many(..., cursor=...)`): the store writes it as the `cursors` row `key` (the agent
@@ -67,6 +78,9 @@ class StoreCapabilities:
     pipelined_appends: bool = False
     inline_appends: bool = False
     shared: bool = False
+    # `append_batch(fences=...)` is checked in the append's transaction (PostgreSQL); a store
+    # without it has one writer and ignores fences.
+    fenced_appends: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,7 +126,11 @@ class EventStore(Protocol):
     async def close(self) -> None: ...
 
     async def append_batch(
-        self, events: Sequence[FleetEvent], *, cursors: Mapping[str, bytes] | None = None
+        self,
+        events: Sequence[FleetEvent],
+        *,
+        cursors: Mapping[str, bytes] | None = None,
+        fences: Collection[Fence] | None = None,
     ) -> list[int]:
         """Atomically append events; returns their ordinals. Raises SeqConflict when a
         (stream_key, seq) already exists (nothing of the batch is written then), StoreError
@@ -121,6 +139,10 @@ class EventStore(Protocol):
         `cursors`: driver resume states (key -> data, as `save_cursor`) written in the SAME
         transaction: all of them with the events, or none when the append fails. With no
         events, the cursors alone are written.
+
+        `fences`: leases the batch is written under. A store with `fenced_appends` checks each
+        in the same transaction and raises `FenceLost` (nothing written) when one is not held
+        with that owner and epoch; the others ignore them (one writer).
 
         Poison events: a kind that cannot be serialised (nesting too deep, a lone surrogate,
         a value JSON cannot carry) is stored in its reduced form (`core.store.reduce`), never

@@ -15,6 +15,16 @@ which keeps the counter's row lock held as briefly as possible. A duplicate `(st
 stored or within the batch, is `SeqConflict` with nothing written; any other failure (a lost
 connection, a value the server refuses) is `StoreError`.
 
+Fencing (`fences=`, `capabilities.fenced_appends`): a replica writes under leases (agent ids,
+`repo:<workspace>`; `core/ownership.py`) that another may take over once it stops renewing.
+An append given fences always takes the transaction path and first share-locks, in key order,
+the `leases` rows (`PgLeases`' table) still held by each fence's owner with its epoch and
+not expired on the database clock (`events_sql.FENCE_CHECK`); any fence not found is
+`FenceLost(keys)`, raised with nothing written. The lock makes a takeover wait for the append,
+so no write under an old epoch ever commits after the new holder got the key (the new holder
+then reads the high water it continues from). Lock order: lease rows, usage, cursors, counter.
+Without fences nothing reads the `leases` table (it need not exist).
+
 `append_batch` takes what the emitter queues: `FleetEvent`s, `EventRun`s (a run counts as its
 events, in order) and `CursorMark`s (the `cursors` rows written in the same transaction; the
 last mark of a key wins, `cursors=` after every mark). There is no synchronous append path
@@ -35,10 +45,11 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from prospero.core.errors import SeqConflict, StoreError
+from prospero.core.errors import FenceLost, SeqConflict, StoreError
 from prospero.core.store.base import (
     AppendEntry,
     CursorMark,
+    Fence,
     KindScan,
     RawEvent,
     StoreCapabilities,
@@ -74,7 +85,7 @@ class PostgresEventStore:
     DSN (then it owns a `PgDb` of its own, closed at `close()`). Call `open()` before use.
     Shared: other prosperods may append to the same database at the same time."""
 
-    capabilities = StoreCapabilities(shared=True)
+    capabilities = StoreCapabilities(shared=True, fenced_appends=True)
 
     def __init__(self, db: PgDb | str) -> None:
         self._owns = isinstance(db, str)
@@ -136,7 +147,11 @@ class PostgresEventStore:
     # -- writes --------------------------------------------------------------------------
 
     async def append_batch(
-        self, events: Sequence[AppendEntry], *, cursors: Mapping[str, bytes] | None = None
+        self,
+        events: Sequence[AppendEntry],
+        *,
+        cursors: Mapping[str, bytes] | None = None,
+        fences: Collection[Fence] | None = None,
     ) -> list[int]:
         n = 0
         marks: dict[str, bytes] = {}
@@ -161,19 +176,24 @@ class PostgresEventStore:
         usage.sort(key=lambda r: (r[0], r[1]))
         keys = sorted(marks)
         cols = [list(c) for c in zip(*rows, strict=True)] if rows else []
+        guard = _fence_args(fences) if fences else None
 
         async def insert(conn: Conn) -> int:
             last = await conn.fetchval(sql.INSERT_EVENTS, *cols, n)
             return int(last)
 
         async def job(conn: Conn) -> int:
-            if not usage and not keys:
-                return await insert(conn)  # one statement: atomic on its own
-            if not n and not usage:  # cursors alone: one statement
-                await conn.execute(sql.UPSERT_CURSORS, keys, [bytes(marks[k]) for k in keys])
-                return 0
+            if guard is None:
+                if not usage and not keys:
+                    return await insert(conn)  # one statement: atomic on its own
+                if not n and not usage:  # cursors alone: one statement
+                    await conn.execute(sql.UPSERT_CURSORS, keys, [bytes(marks[k]) for k in keys])
+                    return 0
             async with conn.transaction():
-                # Usage, then cursors, then the counter: one lock order for every appender.
+                # Lease rows, then usage, then cursors, then the counter: one lock order for
+                # every appender.
+                if guard is not None:
+                    await _check_fences(conn, guard)
                 if usage:
                     await conn.execute(
                         sql.UPSERT_USAGE, *[list(c) for c in zip(*usage, strict=True)]
@@ -182,16 +202,28 @@ class PostgresEventStore:
                     await conn.execute(sql.UPSERT_CURSORS, keys, [bytes(marks[k]) for k in keys])
                 return await insert(conn) if n else 0
 
-        try:
-            last = await self._run(job, "append")
-        except StoreError as e:
-            cause = e.__cause__
-            if (
-                isinstance(cause, asyncpg.UniqueViolationError)
-                and cause.constraint_name == sql.SEQ_CONSTRAINT
-            ):
-                raise SeqConflict(f"(stream_key, seq) already stored: {cause}") from cause
-            raise
+        attempt = 0
+        while True:
+            try:
+                last = await self._run(job, "append")
+                break
+            except FenceLost:
+                raise
+            except StoreError as e:
+                cause = e.__cause__
+                if (
+                    isinstance(cause, asyncpg.UniqueViolationError)
+                    and cause.constraint_name == sql.SEQ_CONSTRAINT
+                ):
+                    raise SeqConflict(f"(stream_key, seq) already stored: {cause}") from cause
+                if guard is not None and isinstance(cause, _RETRYABLE) and attempt < _RETRIES:
+                    # A fenced append share-locks lease rows that a renewal may be updating in
+                    # another order: the server broke the cycle by rolling this one back
+                    # entirely. Nothing was written: try again.
+                    attempt += 1
+                    log.info("postgres append: retrying after %s", type(cause).__name__)
+                    continue
+                raise
         return list(range(last - n + 1, last + 1)) if n else []
 
     async def save_cursor(self, key: str, data: bytes) -> None:
@@ -386,3 +418,32 @@ class PostgresEventStore:
             return None if data is None else bytes(data)
 
         return await self._run(job, "load_cursor")
+
+
+# A fenced append the server rolled back to break a lock cycle (see `append_batch`): retried.
+_RETRYABLE = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+_RETRIES = 3
+
+
+def _fence_args(fences: Collection[Fence]) -> tuple[list[str], list[str], list[int]]:
+    """The distinct fences as `FENCE_CHECK`'s three arrays, in key order."""
+    triples = sorted({(f.key, f.owner, int(f.epoch)) for f in fences})
+    return [t[0] for t in triples], [t[1] for t in triples], [t[2] for t in triples]
+
+
+async def _check_fences(conn: Conn, guard: tuple[list[str], list[str], list[int]]) -> None:
+    """In the append's transaction: share-lock the lease rows of every fence still held, or
+    raise `FenceLost` with the keys of those that are not (the transaction then rolls back:
+    nothing of the batch is written). No `leases` table (no lease was ever taken on this
+    database): every fence is lost."""
+    keys, owners, epochs = guard
+    try:
+        rows = await conn.fetch(sql.FENCE_CHECK, keys, owners, epochs)
+    except asyncpg.UndefinedTableError:
+        raise FenceLost(sorted(set(keys))) from None
+    held = {(r[0], r[1], int(r[2])) for r in rows}
+    lost = sorted(
+        {k for k, o, e in zip(keys, owners, epochs, strict=True) if (k, o, e) not in held}
+    )
+    if lost:
+        raise FenceLost(lost)

@@ -23,6 +23,9 @@ one addition:
   transaction (`rows.account`); null sums stay null until an event reports a value.
 - `cursors(key PRIMARY KEY, data bytea)`: driver resume states.
 
+A fenced append (`fences=`) first share-locks the lease rows it is written under in the
+`leases` table (component `leases`, not created here: `FENCE_CHECK`), then writes as below.
+
 Batches go in as one `INSERT ... SELECT ... FROM unnest($1::text[], $2::bigint[], ...)` (the
 rows' columns as arrays), never row by row.
 """
@@ -98,6 +101,25 @@ WITH head AS (
          WITH ORDINALITY AS r(stream_key, seq, ts, repo, agent_id, kind_tag, kind, i)
 )
 SELECT last, pg_notify('prospero_events', last::text) FROM head
+"""
+
+
+# The fences of a fenced append (`append_batch(fences=...)`), checked first in its transaction:
+# the `(key, owner, epoch)` triples (`$1`, `$2`, `$3`) still held and live on the database's
+# clock now (`clock_timestamp()`, not the transaction's start) come back, share-locked until
+# the append commits or rolls back, so a takeover of one of them (an UPDATE of its row by
+# `PgLeases.acquire`) waits for the append and a fenced write never commits under an epoch
+# already replaced. In key order: concurrent appenders lock the rows alike. The table is the
+# `leases` component's (`core/store/postgres/leases.py`, same guard as its `FENCE_SQL`); an
+# epoch of 0 is never stored (CHECK epoch > 0), so it never matches.
+FENCE_CHECK = """
+SELECT l.key, l.owner, l.epoch FROM leases AS l
+WHERE (l.key, l.owner, l.epoch) IN (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+)
+  AND l.expires_at > clock_timestamp()
+ORDER BY l.key
+FOR SHARE OF l
 """
 
 

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from prospero.core.errors import SeqConflict, StoreError
 from prospero.core.store.base import (
     CursorMark,
+    Fence,
     KindScan,
     RawEvent,
     StoreCapabilities,
@@ -194,8 +195,14 @@ class SqliteEventStore:
     # -- writes --------------------------------------------------------------------------
 
     async def append_batch(
-        self, events: Sequence[FleetEvent], *, cursors: Mapping[str, bytes] | None = None
+        self,
+        events: Sequence[FleetEvent],
+        *,
+        cursors: Mapping[str, bytes] | None = None,
+        fences: Collection[Fence] | None = None,
     ) -> list[int]:
+        """(`fences` are ignored: a SQLite file has one writer, `capabilities.fenced_appends`
+        is False and the emitter passes none.)"""
         if not events and not cursors:
             return []
         if not cursors:  # (a subclass's `submit_append` may not take cursors)
