@@ -29,7 +29,7 @@ async def sse_events(client: httpx.AsyncClient, url: str) -> list[dict[str, Any]
 async def test_history_workspaces_and_metadata_live_in_postgres(
     make_stack: StackFactory, pg_dsn: str
 ) -> None:
-    first = await make_stack(database_url=pg_dsn)
+    first = await make_stack(database_url=pg_dsn, replica_id="first")
     assert first.runtime.backend is not None and first.runtime.backend.kind == "postgres"
     assert not (first.tmp / "data" / "events.db").exists()  # nothing went to SQLite
     agent = await first.spawn("tools")
@@ -56,7 +56,7 @@ async def test_history_workspaces_and_metadata_live_in_postgres(
 
     # A new prosperod on the same database: the workspace, the agent's metadata and its whole
     # history are there, byte for byte.
-    second = await make_stack(database_url=pg_dsn, workspace=False)
+    second = await make_stack(database_url=pg_dsn, workspace=False, replica_id="second")
     await second.add_workspace("ws", register=False)  # its caliband, not a new registration
     r = await second.client.get("/api/workspaces")
     assert [w["name"] for w in r.json()] == ["ws"]
@@ -67,12 +67,20 @@ async def test_history_workspaces_and_metadata_live_in_postgres(
     assert r.json()["drive_protocol"] == "ndjson"
 
 
-async def test_a_second_prosperod_on_one_database_is_refused(
+async def test_two_replicas_with_one_replica_id_are_refused(
     make_stack: StackFactory, pg_dsn: str, tmp_path: Any
 ) -> None:
-    await make_stack(database_url=pg_dsn, workspace=False)
-    other = Runtime(DaemonConfig(data_dir=tmp_path / "other", autostart=False, database_url=pg_dsn))
-    with pytest.raises(StoreError, match="in use by another prosperod"):
+    await make_stack(database_url=pg_dsn, workspace=False, replica_id="r1", lease_ttl=1.0)
+    other = Runtime(
+        DaemonConfig(
+            data_dir=tmp_path / "other",
+            autostart=False,
+            database_url=pg_dsn,
+            replica_id="r1",
+            lease_ttl=1.0,
+        )
+    )
+    with pytest.raises(StoreError, match="replica id 'r1' is in use"):
         await other.start()
     await other.stop()  # what start() opened is released: nothing to close twice
 
@@ -96,7 +104,7 @@ async def test_an_unreachable_database_fails_the_start_with_the_server_named(
 async def test_live_sse_on_postgres_arrives_through_the_doorbell(
     make_stack: StackFactory, pg_dsn: str
 ) -> None:
-    stack = await make_stack(database_url=pg_dsn)
+    stack = await make_stack(database_url=pg_dsn, replica_id="live")
     seen: list[dict[str, Any]] = []
     agent: str | None = None
     async with stack.client.stream("GET", "/api/stream", headers=sse_headers()) as resp:

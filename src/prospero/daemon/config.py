@@ -238,7 +238,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "database_url",
         "postgresql://user[:password]@host[:port]/db: keep history, workspaces and decisions "
-        "in PostgreSQL instead of <data dir>/events.db (one prosperod per database for now)",
+        "in PostgreSQL instead of <data dir>/events.db; replicas sharing it form a cluster",
+    ),
+    Setting(
+        "replica_id",
+        "clustered: this replica's lease identity, unique per replica (default: $HOSTNAME)",
+    ),
+    Setting(
+        "lease_ttl_secs",
+        "clustered: lease lifetime on the database clock; a dead replica's agents and "
+        "workspaces are taken over after it (default 30)",
+        "float",
+    ),
+    Setting(
+        "heartbeat_interval_ms",
+        "clustered: lease renewal cadence in ms (default TTL/3, at least 1000)",
+        "int",
     ),
     Setting("host", "host label shown in fleet snapshots (default: local)"),
     Setting("poll_interval_ms", "workspace poll cadence in ms (default 2000)", "int"),
@@ -521,6 +536,17 @@ def build_config(values: Mapping[str, Any]) -> DaemonConfig:
                 "database_url must be postgresql://user[:password]@host[:port]/database"
             )
         cfg.database_url = url
+    if values.get("replica_id"):
+        rid = str(values["replica_id"]).strip()
+        if not rid or any(c.isspace() for c in rid) or len(rid) > 200:
+            raise ConfigError("replica_id: one word of at most 200 characters")
+        cfg.replica_id = rid
+    if "lease_ttl_secs" in values:
+        cfg.lease_ttl = parse_seconds(values["lease_ttl_secs"], "lease_ttl_secs", 3600.0)
+    if "heartbeat_interval_ms" in values:
+        cfg.heartbeat_interval = (
+            parse_int(values["heartbeat_interval_ms"], "heartbeat_interval_ms", 1) / 1000
+        )
     if "host" in values:
         cfg.host_label = str(values["host"]) or "local"
     if "poll_interval_ms" in values:
@@ -596,6 +622,11 @@ def validate(cfg: DaemonConfig) -> None:
     """Start-up refusals that depend on several settings."""
     from prospero.api.server import is_loopback
 
+    if cfg.heartbeat_interval is not None and cfg.heartbeat_interval >= cfg.lease_ttl:
+        raise ConfigError(
+            f"heartbeat_interval_ms ({cfg.heartbeat_interval * 1000:g}) must be shorter than "
+            f"lease_ttl_secs ({cfg.lease_ttl:g}): a lease would expire between renewals"
+        )
     no_auth = not cfg.api_tokens and cfg.api_tokens_file is None
     if no_auth and not cfg.insecure_no_auth and not is_loopback(cfg.bind_host):
         raise ConfigError(

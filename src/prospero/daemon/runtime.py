@@ -6,6 +6,7 @@ one wiring of the stack.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -15,14 +16,18 @@ from pathlib import Path
 from prospero.core.aio import wait_for
 from prospero.core.bus import InProcessBus
 from prospero.core.bus.postgres import PgBus
+from prospero.core.cluster import ClusterInfo, default_replica_id, replica_key
 from prospero.core.decisions import DecisionConfig, DecisionService
 from prospero.core.drivers.acp import acp_driver_factory
 from prospero.core.drivers.acp.auth import workspace_credentials
 from prospero.core.emitter import Emitter
+from prospero.core.errors import StoreError
 from prospero.core.fleet.local import CalibandNetworkConfig, LocalFleet, LocalFleetConfig
 from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
 from prospero.core.fleet.provider import FleetProvider
+from prospero.core.leases import LeaseKeeper
 from prospero.core.metrics import Metrics
+from prospero.core.ownership import LeasedOwnership
 from prospero.core.ratecard import RateCard
 from prospero.core.retention import RetentionTask
 from prospero.core.store.backend import StoreBackend, open_backend
@@ -49,6 +54,12 @@ class DaemonConfig:
     # Set: the stores live in this PostgreSQL database instead of <data_dir>/events.db
     # (core/store/backend.py). The data dir still holds the session key.
     database_url: str | None = None
+    # Clustered (a database URL): this replica's lease identity (unique per replica; default
+    # $HOSTNAME), the lease TTL (database clock) and the renewal cadence (default TTL/3, at
+    # least 1 s).
+    replica_id: str | None = None
+    lease_ttl: float = 30.0
+    heartbeat_interval: float | None = None
     host_label: str = "local"
     poll_interval: float = 2.0
     # Quiet workspaces are polled less often (FleetConfig): up to `poll_idle_backoff` times
@@ -99,6 +110,10 @@ class Runtime:
         self.metrics = Metrics()
         self._provider_override = provider
         self.backend: StoreBackend | None = None
+        self.cluster = ClusterInfo(
+            "standalone", config.replica_id or default_replica_id(), "sqlite"
+        )
+        self.ownership: LeasedOwnership | None = None
         self.store: EventStore | None = None
         self.config_store: ConfigStore | None = None
         self.agents: AgentMetaStore | None = None
@@ -120,6 +135,8 @@ class Runtime:
         self.config_store = backend.config
         # Prospero's own per-agent metadata (posture, protocol, spawned or adopted here).
         self.agents = backend.agents
+        if backend.kind == "postgres" and backend.leases is not None:
+            self.ownership = await self._join_cluster(backend)
         if backend.kind == "postgres" and cfg.database_url:
             # Every replica's events reach this one's subscribers through the store, woken by
             # the NOTIFY each append sends at commit (core/bus/postgres.py).
@@ -127,7 +144,8 @@ class Runtime:
                 backend.events, cfg.database_url, buffer=cfg.bus_buffer, metrics=self.metrics
             )
             await self.bus.start()
-        self.emitter = Emitter(self.store, self.bus, self.metrics)
+        # Clustered: every append is fenced by the lease it is written under (ADR 0012).
+        self.emitter = Emitter(self.store, self.bus, self.metrics, ownership=self.ownership)
         await self.emitter.start()
         self.decisions = DecisionService(
             backend.decisions,
@@ -144,6 +162,7 @@ class Runtime:
         # requires ACP `authenticate` uses a method its workspace has credentials for.
         factories["acp"] = acp_driver_factory(
             broker=self.decisions,
+            ownership=self.ownership,
             credentials=workspace_credentials(self.config_store, cfg.default_env),
         )
         provider = self._provider_override or LocalFleet(
@@ -173,11 +192,60 @@ class Runtime:
             driver_factories=factories,
             decisions=self.decisions,
             agents=self.agents,
+            ownership=self.ownership,
         )
+        if self.ownership is not None:
+            self.ownership.on_lost(self.manager.lease_lost)
         await self.manager.start()
         if cfg.retention_days > 0:
             self._retention = RetentionTask(self.store, cfg.retention_days, metrics=self.metrics)
             self._retention.start()
+
+    async def _join_cluster(self, backend: StoreBackend) -> LeasedOwnership:
+        """Hold this replica's presence lease (`replica:<id>`) and return the ownership every
+        agent and workspace lease is taken through. A live replica with the same id is a
+        configuration error (two replicas would take each other's leases for their own)."""
+        cfg = self.config
+        assert backend.leases is not None
+        rid = self.cluster.replica_id
+        ttl = cfg.lease_ttl
+        beat = cfg.heartbeat_interval or (max(1.0, ttl / 3) if ttl > 3.0 else ttl / 3)
+        authority = backend.leases
+        key = replica_key(rid)
+        # Leases are held by replica id, so a replica restarted under its id would take its
+        # predecessor's live leases for its own: wait for its presence lease to expire first
+        # (a crashed predecessor's does within the TTL; a live one with the same id renews
+        # it, which is a configuration error).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ttl + beat
+        waited = False
+        while True:
+            holder = await authority.holder(key)
+            now = await authority.now()
+            if holder is None or not holder.owner or holder.expires_at <= now:
+                break
+            if loop.time() >= deadline:
+                raise StoreError(
+                    f"replica id {rid!r} is in use by another live prosperod on "
+                    f"{backend.where}: give every replica its own --replica-id"
+                )
+            if not waited:
+                waited = True
+                log.info(
+                    "replica id %s: waiting up to %.0fs for its previous lease to expire",
+                    rid,
+                    ttl + beat,
+                )
+            await asyncio.sleep(min(beat, max(0.05, holder.expires_at - now)))
+        keeper = LeaseKeeper(authority, rid, ttl=ttl, heartbeat=beat)
+        if await keeper.acquire(key) is None:  # (taken meanwhile by the same id)
+            await keeper.close(release=False)
+            raise StoreError(f"replica id {rid!r} is in use by another live prosperod")
+        self.cluster = ClusterInfo("clustered", rid, "postgres", ttl, beat, authority)
+        log.info(
+            "joined the cluster on %s as replica %s (lease TTL %.1fs)", backend.where, rid, ttl
+        )
+        return LeasedOwnership(keeper)
 
     async def stop(self) -> None:
         """Stop attach tasks and the poll loop, flush the emitter, close the stores."""
@@ -194,6 +262,10 @@ class Runtime:
         if self.emitter is not None:
             with contextlib.suppress(Exception):
                 await wait_for(self.emitter.close(), 10.0)
+        if self.ownership is not None:
+            # After the last fenced write: hand every lease over now, not after the TTL.
+            with contextlib.suppress(Exception):
+                await wait_for(self.ownership.close(), 10.0)
         if isinstance(self.bus, PgBus):
             await self.bus.close()
         if self.backend is not None:

@@ -16,6 +16,7 @@ from prospero.core.drivers.base import AgentDriver, concluding_outcome
 from prospero.core.errors import ProsperoError
 from prospero.core.fleet.meta import drive_protocol, effective_status
 from prospero.core.fleet.state import AgentSlot, FleetState
+from prospero.core.ownership import workspace_key
 from prospero.types.events import StatusChanged, now_ts, stream_key_for
 from prospero.types.model import AgentMeta, RegisteredWorkspace
 
@@ -72,7 +73,11 @@ class RunEnding(FleetState):
         if slot.target is not None:
             slot.target.meta = meta
         status = effective_status(rec, meta)
-        if slot.status is not None and slot.status != status:
+        if (
+            slot.status is not None
+            and slot.status != status
+            and self.ownership.owns(workspace_key(slot.workspace))
+        ):
             await self.emitter.emit(
                 slot.workspace,
                 agent_id,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 
 from prospero.core.errors import AgentNotFound, Conflict, WorkspaceNotFound
@@ -57,6 +58,8 @@ from prospero.types.model import (
 )
 
 __all__ = ["DriverFactory", "FleetConfig", "FleetManager", "default_driver_factories"]
+
+log = logging.getLogger("prospero.core.fleet.manager")
 
 _AgentSink = AgentSink  # its former name here (tests import it)
 
@@ -144,6 +147,19 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         if self._owns_agents and close is not None:
             with contextlib.suppress(Exception):
                 await close()
+
+    def lease_lost(self, key: str) -> None:
+        """A lease this replica held is gone (clustered: another replica took it over, or it
+        expired unrenewed): stop driving that agent now. Its writes are fenced already; the
+        next poll tries to take the lease again. A workspace's lifecycle lease needs nothing:
+        its events are only written while it is held."""
+        slot = self._slots.get(key)
+        if slot is None or slot.task is None or slot.task.done() or self._stopping:
+            return
+        log.warning("agent %s: its lease is lost (another replica drives it now)", key)
+        task = asyncio.create_task(self._close_driver(key), name=f"lease-lost-{key}")
+        self._closing_tasks.add(task)
+        task.add_done_callback(self._closing_tasks.discard)
 
     async def _reload_registry(self) -> None:
         async with self._registry_lock:

@@ -19,6 +19,7 @@ from prospero.core.errors import (
 )
 from prospero.core.fleet.meta import drivable, drive_protocol, effective_status
 from prospero.core.fleet.state import NOT_DRIVEN, AgentSlot, FleetState
+from prospero.core.ownership import workspace_key
 from prospero.core.provider_env import check_spawnable
 from prospero.core.wire.control import AgentRecord, SpawnSpec
 from prospero.types.api import SpawnedResponse, SpawnRequest
@@ -150,7 +151,8 @@ class AgentOperations(FleetState):
         await self._cancel_asks(agent_id, "the agent was removed")
         slot.record = None
         self._listed.get(ws.name, {}).pop(agent_id, None)
-        await self.emitter.emit(ws.name, agent_id, AgentGone())
+        if self.ownership.owns(workspace_key(ws.name)):  # the lifecycle writer's event
+            await self.emitter.emit(ws.name, agent_id, AgentGone())
         await self._close_driver(agent_id)
         # The registry has forgotten the agent: from now on only its stored history answers
         # for it, so that history is committed before the caller hears "removed".

@@ -21,6 +21,7 @@ from prospero.core.errors import (
 from prospero.core.fleet.catchup import FirstSight, first_sight
 from prospero.core.fleet.meta import drivable, effective_status
 from prospero.core.fleet.state import AgentSlot, FleetState
+from prospero.core.ownership import workspace_key
 from prospero.core.wire.control import AgentRecord
 from prospero.types.events import (
     AgentDiscovered,
@@ -130,6 +131,7 @@ class Polling(FleetState):
         lock = self._poll_locks.setdefault(name, asyncio.Lock())
         async with lock:
             self.metrics.inc(m.REPOS_POLLED)
+            await self._claim_lifecycle(name)
             health = self._health.get(name)
             try:
                 records = await self.provider.list_agents(ws)
@@ -151,6 +153,18 @@ class Polling(FleetState):
             if not isinstance(health, Healthy) or listed != self._listed.get(name):
                 self._touch(name)
 
+    async def _claim_lifecycle(self, name: str) -> None:
+        """Take (or keep) the workspace's lifecycle lease: clustered, the replica holding it is
+        the one that writes the events polls derive (discovered, status changes, gone, repo
+        health); every replica still keeps its own view of the workspace."""
+        try:
+            await self.ownership.try_acquire(workspace_key(name))
+        except ProsperoError as e:
+            log.warning("workspace %s: cannot take its lifecycle lease: %s", name, e)
+
+    def _writes_lifecycle(self, name: str) -> bool:
+        return self.ownership.owns(workspace_key(name))
+
     async def _set_health(self, name: str, health: WorkspaceHealth) -> None:
         prev = self._health.get(name)
         self._health[name] = health
@@ -160,7 +174,7 @@ class Polling(FleetState):
             return
         if isinstance(prev, Unreachable) and isinstance(health, Unreachable):
             return  # still down; only transitions are events
-        if self.ownership.owns(f"repo:{name}"):
+        if self._writes_lifecycle(name):
             await self.emitter.emit(name, "", RepoHealth(state=health))
 
     async def _reconcile(self, ws: RegisteredWorkspace, records: list[AgentRecord]) -> None:
@@ -184,14 +198,15 @@ class Polling(FleetState):
             if slot is None:
                 slot = self._slots[rec.id] = AgentSlot(workspace=ws.name)
                 slot.meta = sight.meta if sight is not None else None
-                if sight is None or not sight.seen_before:
+                if (sight is None or not sight.seen_before) and self._writes_lifecycle(ws.name):
                     await self.emitter.emit(ws.name, rec.id, AgentDiscovered())
             await self._apply_record(ws, slot, rec, prev.get(rec.id), sight)
         for gone_id in set(prev) - set(current):
             slot = self._slots.get(gone_id)
             if slot is not None and slot.record is not None and slot.workspace == ws.name:
                 slot.record = None
-                await self.emitter.emit(ws.name, gone_id, AgentGone())
+                if self._writes_lifecycle(ws.name):
+                    await self.emitter.emit(ws.name, gone_id, AgentGone())
                 await self._cancel_asks(gone_id, "the agent is gone")
                 await self._close_driver(gone_id)
 
@@ -234,9 +249,12 @@ class Polling(FleetState):
         status = effective_status(rec, slot.meta)
         slot.status = status
         if old_status is not None and old_status != status:
-            await self.emitter.emit(
-                ws.name, rec.id, StatusChanged.model_validate({"from": old_status, "to": status})
-            )
+            if self._writes_lifecycle(ws.name):
+                await self.emitter.emit(
+                    ws.name,
+                    rec.id,
+                    StatusChanged.model_validate({"from": old_status, "to": status}),
+                )
             if slot.driver is not None and slot.task is not None and not slot.task.done():
                 # A driver waiting out a reconnect backoff looks again now: the worker may
                 # be listening, or gone with its transcript complete (before the terminal

@@ -3,8 +3,8 @@
 No database URL: standalone, every store in one SQLite file (`<data dir>/events.db`), as
 always. A `postgresql://` URL: the event, config, agent-metadata and decision stores live in
 that PostgreSQL database (`core/store/postgres`), over one connection pool, with the schema
-created or migrated at boot. Until ownership leases are wired in, one prosperod serves a
-database at a time (`SingleReplica`): a second is refused at boot with the reason.
+created or migrated at boot (safe when replicas boot together), and the lease authority
+(`leases`) under which the replicas sharing it own agents and workspaces (`core/ownership.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from prospero.core.errors import StoreError
+from prospero.core.leases import LeaseAuthority
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
 from prospero.core.store.decisions import DecisionStore
 
@@ -36,6 +37,7 @@ class StoreBackend:
     config: ConfigStore
     agents: AgentMetaStore
     decisions: DecisionStore
+    leases: LeaseAuthority | None = None  # PostgreSQL: the `leases` table
     _closers: list[Closable] = field(default_factory=list, repr=False)
 
     async def close(self) -> None:
@@ -89,22 +91,23 @@ async def _open_sqlite(db_path: Path) -> StoreBackend:
 async def _open_postgres(url: str) -> StoreBackend:
     from prospero.core.store.postgres.agents import PostgresAgentMetaStore
     from prospero.core.store.postgres.config import PostgresConfigStore
-    from prospero.core.store.postgres.db import PgDb, SingleReplica
+    from prospero.core.store.postgres.db import PgDb
     from prospero.core.store.postgres.decisions import PostgresDecisionStore
     from prospero.core.store.postgres.events import PostgresEventStore
+    from prospero.core.store.postgres.leases import PgLeases
 
     db = PgDb(url)
     events = PostgresEventStore(db)
     config = PostgresConfigStore(db)
     agents = PostgresAgentMetaStore(db)
-    backend = StoreBackend("postgres", db.where, events, config, agents, PostgresDecisionStore(db))
-    guard = SingleReplica(db)
+    leases = PgLeases(db)
+    backend = StoreBackend(
+        "postgres", db.where, events, config, agents, PostgresDecisionStore(db), leases
+    )
     try:
         await db.open()
         backend._closers.append(db)
-        await guard.claim()
-        backend._closers.append(guard)
-        for store in (events, config, agents):
+        for store in (leases, events, config, agents):
             await store.open()
             backend._closers.append(store)
     except BaseException:

@@ -71,12 +71,23 @@ WHERE key = $1 AND owner = $2 AND epoch = $3 AND expires_at > now()
 RETURNING {COLS}
 """
 
+# The rows are locked in key order first (the order fenced appends take their share locks
+# in), so a renewal and an append never wait for each other in a cycle.
 RENEW_MANY = f"""
+WITH r AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[])
+        AS r(key, owner, epoch, ttl)
+), locked AS (
+    SELECT l.key FROM leases AS l JOIN r ON l.key = r.key
+    ORDER BY l.key
+    FOR UPDATE OF l
+)
 UPDATE leases AS l SET
     ttl = r.ttl,
     expires_at = now() + make_interval(secs => r.ttl)
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[]) AS r(key, owner, epoch, ttl)
-WHERE l.key = r.key AND l.owner = r.owner AND l.epoch = r.epoch AND l.expires_at > now()
+FROM r
+WHERE l.key = r.key AND l.key IN (SELECT key FROM locked)
+  AND l.owner = r.owner AND l.epoch = r.epoch AND l.expires_at > now()
 RETURNING {COLS_L}
 """
 
