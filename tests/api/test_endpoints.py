@@ -64,6 +64,7 @@ async def test_openapi_lists_every_endpoint(stack: Stack) -> None:
         "/api/workspaces/{name}/config": {"put"},
         "/api/workspaces/{workspace}/agents": {"get", "post"},
         "/api/agents/{agent_id}": {"get", "delete"},
+        "/api/cluster": {"get"},
         "/api/agents/{agent_id}/events": {"get"},
         "/api/agents/{agent_id}/stream": {"get"},
         "/api/agents/{agent_id}/kill": {"post"},

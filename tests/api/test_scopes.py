@@ -42,6 +42,7 @@ EXPECTED: dict[tuple[str, str], Scope | None] = {
     ("GET", "/metrics"): READ,
     ("GET", "/api/metrics"): READ,
     ("GET", "/api/capabilities"): READ,
+    ("GET", "/api/cluster"): READ,
     ("GET", "/api/fleet"): READ,
     ("GET", "/api/stream"): READ,
     ("GET", "/api/usage"): READ,

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 
 from prospero.api import (
     routes_agents,
+    routes_cluster,
     routes_dashboard,
     routes_decisions,
     routes_fleet,
@@ -103,6 +104,7 @@ def create_app(runtime: AppRuntime, settings: ApiSettings | None = None) -> Fast
     app.include_router(routes_agents.router)
     app.include_router(routes_decisions.router)
     app.include_router(routes_session.router)
+    app.include_router(routes_cluster.router)
     routes_dashboard.install_routes(app)
     install_docs(app)
     install_openapi(app)

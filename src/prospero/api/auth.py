@@ -121,6 +121,7 @@ ROUTE_TABLE: tuple[Rule, ...] = (
     _rule(PATCH, "/api/workspaces/{workspace}/policy", ADMIN),
     # read: every other GET/HEAD of the API (snapshots, history, streams, usage, metrics)
     _rule(GET_HEAD, "/metrics", READ),
+    _rule(GET_HEAD, "/api/cluster", READ),
     _rule(GET_HEAD, "/api/{path:path}", READ),
 )
 

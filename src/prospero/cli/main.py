@@ -46,7 +46,8 @@ def demo(
     os.execv(sys.executable, argv)
 
 
-# The decisions, approve, deny and policy commands register themselves on `app`.
+# The decisions, approve, deny, policy, token and cluster commands register themselves on `app`.
+from prospero.cli import cluster as _cluster  # noqa: E402, F401
 from prospero.cli import decisions as _decisions  # noqa: E402, F401
 from prospero.cli import tokens as _tokens  # noqa: E402, F401
 
