@@ -24,6 +24,7 @@ from prospero.core.drivers.ndjson_state import BASE_SUFFIX
 from prospero.core.emitter import Emitter
 from prospero.core.emitter_commit import cursor_lease_key
 from prospero.core.errors import FenceLost
+from prospero.core.fleet.cursors import EmitterCursors
 from prospero.core.leases import Lease, LeaseKeeper
 from prospero.core.metrics import EVENTS_APPENDED, EVENTS_FENCED
 from prospero.core.ownership import Lease as OwnedLease
@@ -679,3 +680,27 @@ async def test_postgres_emitter_without_ownership_is_unfenced(pg_dsn: str) -> No
         assert await store.load_cursor("x") == b"c"
     finally:
         await store.close()
+
+
+async def test_driver_cursor_saves_go_through_the_fence(
+    pg: tuple[PostgresEventStore, PgLeases],
+) -> None:
+    """`EmitterCursors` (what a clustered FleetManager hands its drivers): an ACP driver's
+    session state saved by a replica that lost the agent does not overwrite the new owner's."""
+    store, leases = pg
+    x = await leases.acquire("x", "B", LONG)
+    assert x is not None
+    await store.append_batch([], cursors={"x": b"new owner"}, fences=[fence_of(x)])
+    em, _ = await emitter_on(store, StaticOwnership("A", {"x": x.epoch}))  # A: stale belief
+    try:
+        cursors = EmitterCursors(em, store, REPO)
+        await cursors.save_cursor("x", b"old owner")
+        assert await cursors.load_cursor("x") == b"new owner"
+        ours = await emitter_on(store, StaticOwnership("B", {"x": x.epoch}))
+        try:
+            await EmitterCursors(ours[0], store, REPO).save_cursor("x", b"new owner, later")
+        finally:
+            await ours[0].close()
+        assert await store.load_cursor("x") == b"new owner, later"
+    finally:
+        await em.close()

@@ -193,6 +193,7 @@ class Runtime:
             decisions=self.decisions,
             agents=self.agents,
             ownership=self.ownership,
+            fenced_cursors=self.ownership is not None,
         )
         if self.ownership is not None:
             self.ownership.on_lost(self.manager.lease_lost)

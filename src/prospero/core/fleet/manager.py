@@ -89,6 +89,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         *,
         driver_factories: dict[str, DriverFactory] | None = None,
         ownership: Ownership | None = None,
+        fenced_cursors: bool = False,
         decisions: DecisionHooks | None = None,
         agents: AgentMetaStore | None = None,
     ) -> None:
@@ -100,6 +101,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         self.config = config or FleetConfig()
         self.driver_factories = dict(driver_factories or {})
         self.ownership = ownership or SelfOwnsAll()
+        self.fenced_cursors = fenced_cursors
         self.decisions = decisions
         self._owns_agents = agents is None
         self.agents: AgentMetaStore = agents if agents is not None else default_meta_store(store)

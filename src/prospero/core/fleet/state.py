@@ -135,6 +135,7 @@ class FleetState:
     driver_factories: dict[str, DriverFactory]
     decisions: DecisionHooks | None
     ownership: Ownership
+    fenced_cursors: bool  # drivers save cursors through the emitter (clustered, ADR 0012)
     agents: AgentMetaStore
     _workspaces: dict[str, RegisteredWorkspace]
     _health: dict[str, WorkspaceHealth]

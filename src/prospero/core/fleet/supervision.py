@@ -13,7 +13,9 @@ import time
 from prospero.core import metrics as m
 from prospero.core.aio import wait_for
 from prospero.core.drivers.base import AgentDriver, DriverExit, DriverTarget
+from prospero.core.emitter import Emitter
 from prospero.core.errors import ProsperoError, Unsupported
+from prospero.core.fleet.cursors import EmitterCursors
 from prospero.core.fleet.meta import drive_protocol
 from prospero.core.fleet.sink import AgentSink
 from prospero.core.fleet.state import AgentSlot, CursorStoreLike, FleetState
@@ -59,6 +61,8 @@ class DriverSupervision(FleetState):
         )
         slot.target = target
         cursor_store: CursorStoreLike | None = self.store  # EventStore carries cursors
+        if self.fenced_cursors and isinstance(self.emitter, Emitter):
+            cursor_store = EmitterCursors(self.emitter, self.store, ws.name)  # fenced, in order
         return factory(target, sink, self.config.driver_options(), self.metrics, cursor_store)
 
     def _ensure_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> None:
