@@ -8,23 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prospero.core.aio import wait_for
 from prospero.core.bus import InProcessBus
 from prospero.core.bus.postgres import PgBus
 from prospero.core.cluster import ClusterInfo, default_replica_id, replica_key
 from prospero.core.decisions import DecisionConfig, DecisionService
-from prospero.core.drivers.acp import acp_driver_factory
-from prospero.core.drivers.acp.auth import workspace_credentials
+from prospero.core.drivers.ndjson import NdjsonDriver
 from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
 from prospero.core.fleet.local import CalibandNetworkConfig, LocalFleet, LocalFleetConfig
-from prospero.core.fleet.manager import FleetConfig, FleetManager, default_driver_factories
+from prospero.core.fleet.manager import FleetConfig, FleetManager
 from prospero.core.fleet.provider import FleetProvider
+from prospero.core.fleet.state import DriverFactory
 from prospero.core.leases import LeaseKeeper
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import LeasedOwnership
@@ -125,6 +127,7 @@ class Runtime:
         self.manager: FleetManager | None = None
         self.decisions: DecisionService | None = None
         self._retention: RetentionTask | None = None
+        self._warming: asyncio.Future[Any] | None = None
 
     async def start(self) -> None:
         cfg = self.config
@@ -157,14 +160,12 @@ class Runtime:
             ),
         )
         await self.decisions.start()
-        factories = default_driver_factories()
-        # Supervised ACP agents' permission requests become pending decisions; an agent that
-        # requires ACP `authenticate` uses a method its workspace has credentials for.
-        factories["acp"] = acp_driver_factory(
-            broker=self.decisions,
-            ownership=self.ownership,
-            credentials=workspace_credentials(self.config_store, cfg.default_env),
-        )
+        factories: dict[str, DriverFactory] = {"ndjson": NdjsonDriver, "acp": self._acp_factory()}
+        if cfg.allow_acp:
+            # ACP spawns are allowed: import the SDK now, off the loop, not at the first spawn.
+            self._warming = asyncio.get_running_loop().run_in_executor(
+                None, importlib.import_module, "prospero.core.drivers.acp"
+            )
         provider = self._provider_override or LocalFleet(
             LocalFleetConfig(
                 autostart=cfg.autostart,
@@ -201,6 +202,29 @@ class Runtime:
         if cfg.retention_days > 0:
             self._retention = RetentionTask(self.store, cfg.retention_days, metrics=self.metrics)
             self._retention.start()
+
+    def _acp_factory(self) -> DriverFactory:
+        """The ACP driver factory. Supervised ACP agents' permission requests become pending
+        decisions; an agent that requires ACP `authenticate` uses a method its workspace has
+        credentials for. The ACP SDK is imported when the first ACP driver is made (it costs
+        seconds of CPU, which a fleet that drives no ACP agent need not pay at every start)."""
+        made: DriverFactory | None = None
+
+        def factory(*args: Any, **kwargs: Any) -> Any:
+            nonlocal made
+            if made is None:
+                from prospero.core.drivers.acp import acp_driver_factory
+                from prospero.core.drivers.acp.auth import workspace_credentials
+
+                assert self.config_store is not None
+                made = acp_driver_factory(
+                    broker=self.decisions,
+                    ownership=self.ownership,
+                    credentials=workspace_credentials(self.config_store, self.config.default_env),
+                )
+            return made(*args, **kwargs)
+
+        return factory
 
     async def _join_cluster(self, backend: StoreBackend) -> LeasedOwnership:
         """Hold this replica's presence lease (`replica:<id>`) and return the ownership every
