@@ -251,3 +251,32 @@ def _check_gap(gap: StreamGap, exp: Expected, pos: int, start: int, open_end: bo
 def agent_finished_count(history: Sequence[FleetEvent | EventKind]) -> int:
     kinds = [h.kind if isinstance(h, FleetEvent) else h for h in history]
     return sum(1 for k in kinds if isinstance(k, AgentFinished))
+
+
+@dataclass
+class RunCheck:
+    """One agent's stored history against its transcript (the SIGKILL suites' per-agent
+    verdict): `problem` is None when the history is exact (or every loss is a covering gap),
+    its seqs run 1..N with no hole or repeat, and the run ended exactly once."""
+
+    events: int
+    duplicates: int
+    silent_loss: int
+    seq_holes: int
+    gaps: int
+    finished: int
+    problem: str | None
+
+
+def check_run(label: str, history: Sequence[FleetEvent], lines: Sequence[bytes]) -> RunCheck:
+    v = judge(history, expected_of(lines, include_thinking=True))
+    seqs = [e.seq for e in history]
+    holes = len(set(range(1, max(seqs, default=0) + 1)) - set(seqs)) + len(seqs) - len(set(seqs))
+    n_fin = sum(1 for e in history if e.kind.kind == "agent_finished")
+    problem = None
+    if not (v.ok and v.seq_ok) or holes or n_fin != 1:
+        problem = (
+            f"{label}: ok={v.ok} exact={v.exact} dup={v.duplicates} loss={v.silent_loss} "
+            f"gaps={v.gaps} seq_holes={holes} agent_finished={n_fin} {v.detail}"
+        )
+    return RunCheck(len(history), v.duplicates, v.silent_loss, holes, v.gaps, n_fin, problem)

@@ -32,7 +32,7 @@ from prospero.core.wire.control import AgentRecord, UnixEndpoint
 from prospero.testkit.faults import FaultPlan, Scenario, ScenarioAgent, ScriptSpec, wire_lines
 from prospero.types.events import FleetEvent
 from tests.core.fleet_fixtures import make_git_repo
-from tests.faults.history import expected_of, judge, report
+from tests.faults.history import check_run, report
 from tests.faults.test_sigkill import PYTHON, URL_RE, log_file, poll, transcript
 from tests.support import short_tmpdir, wait_until
 
@@ -253,24 +253,14 @@ async def test_sigkill_the_owner_replica_at_random_moments(rig: Rig) -> None:
         entry = sc.entry(f"{prompt} go")
         assert entry is not None
         assert lines == wire_lines(entry.script.build(), entry.plan), f"{a}: transcript"
-        h = histories[a]
-        v = judge(h, expected_of(lines, include_thinking=True))
-        seqs = [e.seq for e in h]
-        holes = (
-            len(set(range(1, max(seqs, default=0) + 1)) - set(seqs)) + len(seqs) - len(set(seqs))
-        )
-        n_fin = sum(1 for e in h if e.kind.kind == "agent_finished")
-        totals["events"] += len(h)
-        totals["duplicates"] += v.duplicates
-        totals["silent_loss"] += v.silent_loss
-        totals["seq_holes"] += holes
-        totals["gaps"] += v.gaps
-        if not (v.ok and v.seq_ok) or holes or n_fin != 1:
-            problems.append(
-                f"{a} ({prompt}): ok={v.ok} exact={v.exact} dup={v.duplicates} "
-                f"loss={v.silent_loss} gaps={v.gaps} seq_holes={holes} agent_finished={n_fin} "
-                f"{v.detail}"
-            )
+        run = check_run(f"{a} ({prompt})", histories[a], lines)
+        totals["events"] += run.events
+        totals["duplicates"] += run.duplicates
+        totals["silent_loss"] += run.silent_loss
+        totals["seq_holes"] += run.seq_holes
+        totals["gaps"] += run.gaps
+        if run.problem is not None:
+            problems.append(run.problem)
     worst = max(takeovers, default=0.0)
     counts = " ".join(f"{k}={v}" for k, v in totals.items())
     summary = (

@@ -35,7 +35,7 @@ from prospero.core.wire.control import AgentRecord, UnixEndpoint
 from prospero.testkit.faults import FaultPlan, Scenario, ScenarioAgent, ScriptSpec, wire_lines
 from prospero.types.events import FleetEvent
 from tests.core.fleet_fixtures import make_git_repo
-from tests.faults.history import expected_of, judge, report
+from tests.faults.history import check_run, report
 from tests.support import short_tmpdir, wait_until
 
 PYTHON = sys.executable
@@ -293,27 +293,17 @@ async def test_sigkill_prosperod_at_random_moments(rig: Rig) -> None:
         assert entry is not None
         assert lines == wire_lines(entry.script.build(), entry.plan), f"{a}: transcript"
         h = histories[a]
-        v = judge(h, expected_of(lines, include_thinking=True))
-        seqs = [e.seq for e in h]
-        holes = (
-            len(set(range(1, max(seqs, default=0) + 1)) - set(seqs)) + len(seqs) - len(set(seqs))
-        )
-        discovered = sum(1 for e in h if e.kind.kind == "agent_discovered")
-        n_fin = sum(1 for e in h if e.kind.kind == "agent_finished")
-        totals["events"] += len(h)
-        totals["duplicates"] += v.duplicates
-        totals["silent_loss"] += v.silent_loss
-        totals["seq_holes"] += holes
-        totals["gaps"] += v.gaps
-        totals["discovered"] += discovered
-        if a in finished_while_down and n_fin == 1:
+        run = check_run(f"{a} ({prompt})", h, lines)
+        totals["events"] += run.events
+        totals["duplicates"] += run.duplicates
+        totals["silent_loss"] += run.silent_loss
+        totals["seq_holes"] += run.seq_holes
+        totals["gaps"] += run.gaps
+        totals["discovered"] += sum(1 for e in h if e.kind.kind == "agent_discovered")
+        if a in finished_while_down and run.finished == 1:
             totals["finished_while_down"] += 1
-        if not (v.ok and v.seq_ok) or holes or n_fin != 1:
-            problems.append(
-                f"{a} ({prompt}): ok={v.ok} exact={v.exact} dup={v.duplicates} "
-                f"loss={v.silent_loss} gaps={v.gaps} seq_holes={holes} agent_finished={n_fin} "
-                f"{v.detail}"
-            )
+        if run.problem is not None:
+            problems.append(run.problem)
     counts = " ".join(f"{k}={v}" for k, v in totals.items())
     summary = f"FAULT-SUITE sigkill: kills={len(kill_log)} {counts} elapsed={elapsed:.1f}s"
     print()

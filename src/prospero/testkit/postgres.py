@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 
 START_TIMEOUT = 30.0
+STOCK = 16  # empty databases created per psql run (`create_database`)
 
 
 class PgUnavailable(RuntimeError):
@@ -73,6 +74,7 @@ class PgServer:
         self.dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._user: str | None = None
+        self._stock: list[str] = []
         if os.geteuid() == 0:
             self._user = os.environ.get("PROSPERO_PG_USER", "nobody")
 
@@ -171,24 +173,24 @@ class PgServer:
             time.sleep(0.05)
 
     def create_database(self, name: str | None = None) -> str:
-        """A new empty database; returns its DSN."""
-        name = name or f"t_{uuid.uuid4().hex[:12]}"
-        out = subprocess.run(
-            [
-                str(self.bindir / "psql"),
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                self.admin_dsn,
-                "-c",
-                f'CREATE DATABASE "{name}" TEMPLATE template0',
-            ],
-            capture_output=True,
-        )
+        """A new empty database; returns its DSN. Unnamed ones are created `STOCK` at a time
+        (one psql process for all of them: the process, not the CREATE, is the cost) and
+        handed out one per call, each used once."""
+        if name is not None:
+            self._create([name])
+            return self.dsn(name)
+        if not self._stock:
+            self._stock = [f"t_{uuid.uuid4().hex[:12]}" for _ in range(STOCK)]
+            self._create(self._stock)
+        return self.dsn(self._stock.pop())
+
+    def _create(self, names: list[str]) -> None:
+        args = [str(self.bindir / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", self.admin_dsn]
+        for n in names:  # one -c each: CREATE DATABASE cannot share a transaction
+            args += ["-c", f'CREATE DATABASE "{n}" TEMPLATE template0']
+        out = subprocess.run(args, capture_output=True)
         if out.returncode != 0:
             raise PgUnavailable(f"CREATE DATABASE failed: {out.stderr.decode(errors='replace')}")
-        return self.dsn(name)
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None

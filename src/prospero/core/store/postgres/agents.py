@@ -16,8 +16,8 @@ import logging
 import asyncpg
 from pydantic import ValidationError
 
-from prospero.core.store.postgres.config import PgComponentStore, affected
-from prospero.core.store.postgres.db import Conn, Step
+from prospero.core.store.postgres.config import affected
+from prospero.core.store.postgres.db import Conn, PgComponentStore, Step
 from prospero.types.model import AgentMeta
 
 log = logging.getLogger(__name__)

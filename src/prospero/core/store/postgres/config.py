@@ -1,5 +1,5 @@
 """`PostgresConfigStore`: the ConfigStore seam (the workspace registry) on PostgreSQL, and
-`PgComponentStore`, the base of the small PostgreSQL stores (config, agents, decisions).
+(`PgComponentStore`, the base of the PostgreSQL stores, is in `db.py`.)
 
 Component `config`, tables:
 
@@ -10,16 +10,14 @@ Component `config`, tables:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import asyncpg
 import orjson
 
-from prospero.core.errors import StoreError
-from prospero.core.store.postgres.db import Conn, PgDb, Step
+from prospero.core.store.postgres.db import DB_ERRORS as DB_ERRORS
+from prospero.core.store.postgres.db import Conn, PgComponentStore, Step
 from prospero.types.model import RegisteredWorkspace, RepoProviderConfig
 
 log = logging.getLogger("prospero.core.store.postgres")
@@ -27,60 +25,6 @@ log = logging.getLogger("prospero.core.store.postgres")
 T = TypeVar("T")
 
 # What a failed statement or a lost connection raises (asyncpg's errors, socket errors).
-DB_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-)
-
-
-class PgComponentStore:
-    """A store over one component's tables: takes a shared `PgDb` (left open at `close()`) or
-    a DSN (then it owns a `PgDb` of its own and closes it at `close()`).
-
-    Like the SQLite stores it opens lazily on first use; `open()` (idempotent) opens the pool
-    and brings the component's tables to the code's version (`PgDb.migrate`). A database
-    error surfaces as StoreError(f"{label} {what} failed: ...")."""
-
-    component: str = ""
-    steps: Sequence[Step] = ()
-    label: str = ""
-
-    def __init__(self, db: PgDb | str) -> None:
-        self._owns = isinstance(db, str)
-        self.db = PgDb(db) if isinstance(db, str) else db
-        self._ready = False
-        self._lock = asyncio.Lock()
-
-    async def open(self) -> None:
-        async with self._lock:
-            if self._ready:
-                return
-            await self.db.open()
-            try:
-                await self.db.migrate(self.component, self.steps)
-            except BaseException:
-                if self._owns:
-                    await self.db.close()
-                raise
-            self._ready = True
-
-    async def close(self) -> None:
-        async with self._lock:
-            self._ready = False
-            if self._owns:
-                await self.db.close()
-
-    async def _run(self, fn: Callable[[Conn], Awaitable[T]], what: str) -> T:
-        if not self._ready:
-            await self.open()
-        try:
-            async with self.db.pool.acquire() as conn:
-                return await fn(conn)
-        except DB_ERRORS as e:
-            raise StoreError(f"{self.label} {what} failed ({self.db.where}): {e}") from e
-
-
 STEPS: tuple[Step, ...] = (
     """CREATE TABLE workspaces (
         name   text COLLATE "C" PRIMARY KEY,

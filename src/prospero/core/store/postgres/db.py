@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -119,3 +120,63 @@ class PgDb:
             raise
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             raise StoreError(f"database {self.where}: migrating {component} failed: {e}") from e
+
+
+T = TypeVar("T")
+
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+)
+
+
+class PgComponentStore:
+    """A store over one component's tables: takes a shared `PgDb` (left open at `close()`) or
+    a DSN (then it owns a `PgDb` of its own and closes it at `close()`).
+
+    Like the SQLite stores it opens lazily on first use; `open()` (idempotent) opens the pool
+    and brings the component's tables to the code's version (`PgDb.migrate`). A database
+    error surfaces as StoreError(f"{label} {what} failed: ...")."""
+
+    component: str = ""
+    steps: Sequence[Step] = ()
+    label: str = ""
+
+    def __init__(self, db: PgDb | str) -> None:
+        self._owns = isinstance(db, str)
+        self.db = PgDb(db) if isinstance(db, str) else db
+        self._ready = False
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        async with self._lock:
+            if self._ready:
+                return
+            await self.db.open()
+            try:
+                await self._prepare()
+                await self.db.migrate(self.component, self.steps)
+            except BaseException:
+                if self._owns:
+                    await self.db.close()
+                raise
+            self._ready = True
+
+    async def _prepare(self) -> None:
+        """Checks before the migration (a subclass's; none by default)."""
+
+    async def close(self) -> None:
+        async with self._lock:
+            self._ready = False
+            if self._owns:
+                await self.db.close()
+
+    async def _run(self, fn: Callable[[Conn], Awaitable[T]], what: str) -> T:
+        if not self._ready:
+            await self.open()
+        try:
+            async with self.db.pool.acquire() as conn:
+                return await fn(conn)
+        except DB_ERRORS as e:
+            raise StoreError(f"{self.label} {what} failed ({self.db.where}): {e}") from e

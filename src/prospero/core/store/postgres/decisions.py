@@ -34,8 +34,7 @@ import orjson
 from pydantic import ValidationError
 
 from prospero.core.store.decisions import SessionRule
-from prospero.core.store.postgres.config import PgComponentStore
-from prospero.core.store.postgres.db import Conn, Step
+from prospero.core.store.postgres.db import Conn, PgComponentStore, Step
 from prospero.types.decisions import Decision, DecisionState, WorkspacePolicy
 from prospero.types.events import DecisionOption, DecisionToolCall
 

@@ -38,7 +38,6 @@ even when retention deleted the newest rows.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
@@ -57,7 +56,7 @@ from prospero.core.store.base import (
     UsageDay,
 )
 from prospero.core.store.postgres import events_sql as sql
-from prospero.core.store.postgres.db import Conn, PgDb
+from prospero.core.store.postgres.db import Conn, PgComponentStore
 from prospero.core.store.rows import OUTCOMES, encode_batch, raw_events, row_to_event
 from prospero.types.events import EventRun, FleetEvent
 
@@ -80,40 +79,19 @@ _DB_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class PostgresEventStore:
+class PostgresEventStore(PgComponentStore):
     """Durable event store on PostgreSQL. Takes a shared `PgDb` (left open at `close()`) or a
-    DSN (then it owns a `PgDb` of its own, closed at `close()`). Call `open()` before use.
+    DSN (then it owns a `PgDb` of its own, closed at `close()`). Call `open()` before use
+    (unlike the smaller stores it does not open itself on first use).
     Shared: other prosperods may append to the same database at the same time."""
 
     capabilities = StoreCapabilities(shared=True, fenced_appends=True)
+    component = COMPONENT
+    steps = sql.STEPS
+    label = "postgres event store"
 
-    def __init__(self, db: PgDb | str) -> None:
-        self._owns = isinstance(db, str)
-        self.db = PgDb(db) if isinstance(db, str) else db
-        self._ready = False
-        self._lock = asyncio.Lock()
-
-    # -- lifecycle -----------------------------------------------------------------------
-
-    async def open(self) -> None:
-        async with self._lock:
-            if self._ready:
-                return
-            await self.db.open()
-            try:
-                await self._check_encoding()
-                await self.db.migrate(COMPONENT, sql.STEPS)
-            except BaseException:
-                if self._owns:
-                    await self.db.close()
-                raise
-            self._ready = True
-
-    async def close(self) -> None:
-        async with self._lock:
-            was, self._ready = self._ready, False
-            if self._owns and was:
-                await self.db.close()
+    async def _prepare(self) -> None:
+        await self._check_encoding()
 
     async def _check_encoding(self) -> None:
         """The stored kind JSON must come back as the same UTF-8 bytes (`convert_to`)."""
@@ -129,7 +107,7 @@ class PostgresEventStore:
 
     def _pool(self) -> asyncpg.Pool:
         if not self._ready:
-            raise StoreError("postgres event store is not open")
+            raise StoreError(f"{self.label} is not open")
         return self.db.pool
 
     async def _run(self, fn: Callable[[Conn], Awaitable[T]], what: str) -> T:

@@ -28,7 +28,7 @@ import asyncpg
 
 from prospero.core.errors import StoreError
 from prospero.core.leases import Lease, check_ttl
-from prospero.core.store.postgres.db import Conn, PgDb, Step
+from prospero.core.store.postgres.db import Conn, PgComponentStore, Step
 
 T = TypeVar("T")
 
@@ -122,20 +122,13 @@ def _lease(row: asyncpg.Record) -> Lease:
     )
 
 
-class PgLeases:
-    def __init__(self, db: PgDb | str) -> None:
-        self._owns_db = isinstance(db, str)
-        self.db = PgDb(db) if isinstance(db, str) else db
+class PgLeases(PgComponentStore):
+    component = "leases"
+    steps = STEPS
+    label = "leases"
 
-    async def open(self) -> None:
-        await self.db.open()
-        await self.db.migrate("leases", STEPS)
-
-    async def close(self) -> None:
-        if self._owns_db:
-            await self.db.close()
-
-    async def _run(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T:
+    async def _run(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T:  # type: ignore[override]
+        # (no lazy open: a lease authority is opened by whoever wires it, `open()`)
         try:
             async with self.db.pool.acquire() as conn:
                 return await fn(conn)
