@@ -11,30 +11,23 @@ NDJSON agents only: ACP agents across replicas (steering and decisions routed to
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import shutil
 import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 
-from prospero.core.caliband_client import CalibandClient
-from prospero.core.discovery import socket_path_for
-from prospero.core.sources import canonical_root
 from prospero.core.store.postgres.events import PostgresEventStore
-from prospero.core.wire.control import AgentRecord, UnixEndpoint
+from prospero.core.wire.control import AgentRecord
 from prospero.testkit.faults import FaultPlan, Scenario, ScenarioAgent, ScriptSpec, wire_lines
 from prospero.types.events import FleetEvent
-from tests.core.fleet_fixtures import make_git_repo
 from tests.faults.history import check_run, report
-from tests.faults.test_sigkill import PYTHON, URL_RE, log_file, poll, transcript
-from tests.support import short_tmpdir, wait_until
+from tests.faults.procs import Fleet, fake_fleet, poll, transcript
+from tests.support import wait_until
 
 SEED = 1212
 KILLS = 10
@@ -70,37 +63,25 @@ class Replica:
 
 @dataclass
 class Rig:
-    tmp: Path
-    root: str
-    sock: str
-    env: dict[str, str]
+    fleet: Fleet
     dsn: str
-    procs: list[asyncio.subprocess.Process] = field(default_factory=list)
     replicas: dict[str, Replica] = field(default_factory=dict)
     started: int = 0
 
+    @property
+    def root(self) -> str:
+        return self.fleet.root
+
     async def start_replica(self) -> Replica:
+        """A new replica (a new id, its own data dir) on the shared database."""
         self.started += 1
         rid = f"r{self.started}"
-        log = self.tmp / f"prosperod-{rid}.log"
-        with log_file(log) as fh:
-            proc = await asyncio.create_subprocess_exec(
-                PYTHON, "-m", "prospero.daemon",
-                "--data-dir", str(self.tmp / f"data-{rid}"), "--no-autostart",
-                "--addr", "127.0.0.1:0", "--poll-interval-ms", "200", "--log-level", "info",
-                "--database-url", self.dsn, "--replica-id", rid,
-                "--lease-ttl-secs", str(TTL), "--heartbeat-interval-ms", str(BEAT_MS),
-                stdout=asyncio.subprocess.DEVNULL, stderr=fh, env=self.env,
-            )  # fmt: skip
-        self.procs.append(proc)
-
-        def url() -> str | None:
-            m = URL_RE.search(log.read_text(errors="replace"))
-            if proc.returncode is not None:
-                raise AssertionError(f"prosperod {rid} exited early:\n{log.read_text()[-3000:]}")
-            return m.group(1) if m else None
-
-        replica = Replica(rid, proc, await poll(url, 60, f"prosperod {rid} ready"))
+        proc, url = await self.fleet.start_prosperod(
+            rid, "--data-dir", str(self.fleet.tmp / f"data-{rid}"),
+            "--database-url", self.dsn, "--replica-id", rid,
+            "--lease-ttl-secs", str(TTL), "--heartbeat-interval-ms", str(BEAT_MS),
+        )  # fmt: skip
+        replica = Replica(rid, proc, url)
         self.replicas[rid] = replica
         return replica
 
@@ -110,7 +91,7 @@ class Rig:
         await replica.proc.wait()
 
     async def records(self) -> dict[str, AgentRecord]:
-        return {r.id: r for r in await CalibandClient(UnixEndpoint(path=self.sock)).list()}
+        return await self.fleet.records()
 
     async def holder(self, key: str) -> str | None:
         conn = await asyncpg.connect(self.dsn)
@@ -124,39 +105,8 @@ class Rig:
 
 @pytest.fixture
 async def rig(monkeypatch: pytest.MonkeyPatch, pg_dsn: str) -> AsyncIterator[Rig]:
-    tmp = Path(short_tmpdir())
-    runtime = short_tmpdir()
-    root = canonical_root(str(make_git_repo(tmp / "app")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROSPERO_")}
-    env.update(CALIBAN_DAEMON_RUNTIME_DIR=runtime, XDG_DATA_HOME=str(tmp / "xdg"))
-    monkeypatch.setenv("CALIBAN_DAEMON_RUNTIME_DIR", runtime)
-    sock = socket_path_for(root)
-    Path(sock).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    scen = tmp / "scenario.json"
-    scen.write_bytes(scenario().model_dump_json().encode())
-    r = Rig(tmp=tmp, root=root, sock=sock, env=env, dsn=pg_dsn)
-    cal = await asyncio.create_subprocess_exec(
-        PYTHON, "-m", "prospero.testkit.fake_caliband", "--socket", sock,
-        "--workspace-root", root, "--scenario", str(scen), "--data-base", str(tmp / "caliband"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env,
-    )  # fmt: skip
-    r.procs.append(cal)
-    assert cal.stdout is not None
-    ready = await asyncio.wait_for(cal.stdout.readline(), 60)
-    assert ready.startswith(b"ready "), ready
-    try:
-        yield r
-    finally:
-        for p in reversed(r.procs):
-            if p.returncode is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(p.wait(), 20)
-                except TimeoutError:
-                    p.kill()
-                    await p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(runtime, ignore_errors=True)
+    async with fake_fleet(monkeypatch, scenario(), stop=signal.SIGTERM) as fleet:
+        yield Rig(fleet, pg_dsn)
 
 
 @pytest.mark.timeout(300)

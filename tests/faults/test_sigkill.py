@@ -12,36 +12,26 @@ down, until agents finish before restarting it."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import re
-import shutil
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import httpx
 import pytest
 
-from prospero.core.caliband_client import CalibandClient
-from prospero.core.discovery import socket_path_for
-from prospero.core.sources import canonical_root
 from prospero.core.store.sqlite.events import SqliteEventStore
-from prospero.core.wire.control import AgentRecord, UnixEndpoint
+from prospero.core.wire.control import AgentRecord
 from prospero.testkit.faults import FaultPlan, Scenario, ScenarioAgent, ScriptSpec, wire_lines
 from prospero.types.events import FleetEvent
-from tests.core.fleet_fixtures import make_git_repo
 from tests.faults.history import check_run, report
-from tests.support import short_tmpdir, wait_until
+from tests.faults.procs import Fleet, fake_fleet, poll, transcript
+from tests.support import wait_until
 
-PYTHON = sys.executable
 SEED = 9009
 KILLS = 12
-URL_RE = re.compile(r"listening on (http://[^\s\"]+)")
 PACE = 0.004  # seconds per line: a 3,000-line run streams for ~12-15 s
 
 
@@ -66,36 +56,25 @@ def scenario() -> Scenario:
 
 @dataclass
 class Rig:
-    tmp: Path
-    root: str
-    sock: str
-    env: dict[str, str]
-    data: Path
-    procs: list[asyncio.subprocess.Process] = field(default_factory=list)
+    fleet: Fleet
     prosperod: asyncio.subprocess.Process | None = None
     url: str = ""
     starts: int = 0
 
+    @property
+    def root(self) -> str:
+        return self.fleet.root
+
+    @property
+    def data(self) -> Path:
+        return self.fleet.tmp / "data"
+
     async def start_prosperod(self) -> str:
+        """A prosperod on the same data dir (SQLite) every time."""
         self.starts += 1
-        log = self.tmp / f"prosperod-{self.starts}.log"
-        with log_file(log) as fh:
-            proc = await asyncio.create_subprocess_exec(
-                PYTHON, "-m", "prospero.daemon",
-                "--data-dir", str(self.data), "--no-autostart", "--addr", "127.0.0.1:0",
-                "--poll-interval-ms", "200", "--log-level", "info",
-                stdout=asyncio.subprocess.DEVNULL, stderr=fh, env=self.env,
-            )  # fmt: skip
-        self.procs.append(proc)
-        self.prosperod = proc
-
-        def url() -> str | None:
-            m = URL_RE.search(log.read_text(errors="replace"))
-            if proc.returncode is not None:
-                raise AssertionError(f"prosperod exited early:\n{log.read_text()[-3000:]}")
-            return m.group(1) if m else None
-
-        self.url = await poll(url, 60, "prosperod ready")
+        self.prosperod, self.url = await self.fleet.start_prosperod(
+            str(self.starts), "--data-dir", str(self.data)
+        )
         return self.url
 
     async def kill_prosperod(self) -> None:
@@ -105,71 +84,13 @@ class Rig:
         self.prosperod = None
 
     async def records(self) -> dict[str, AgentRecord]:
-        return {r.id: r for r in await CalibandClient(UnixEndpoint(path=self.sock)).list()}
-
-
-def log_file(path: Path) -> IO[bytes]:
-    return open(path, "wb")
-
-
-POLL_INTERVAL = 0.02
-
-
-async def poll(fn, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    """Bounded polling of a sync function for a truthy value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(POLL_INTERVAL)
-
-
-def transcript(rec: AgentRecord) -> list[bytes]:
-    path = Path(rec.session_dir) / "stdout.ndjson"
-    try:
-        return path.read_bytes().splitlines()
-    except OSError:
-        return []
+        return await self.fleet.records()
 
 
 @pytest.fixture
 async def rig(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Rig]:
-    tmp = Path(short_tmpdir())
-    runtime = short_tmpdir()
-    root = canonical_root(str(make_git_repo(tmp / "app")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PROSPERO_")}
-    env.update(CALIBAN_DAEMON_RUNTIME_DIR=runtime, XDG_DATA_HOME=str(tmp / "xdg"))
-    monkeypatch.setenv("CALIBAN_DAEMON_RUNTIME_DIR", runtime)
-    sock = socket_path_for(root)
-    Path(sock).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    scen = tmp / "scenario.json"
-    scen.write_bytes(scenario().model_dump_json().encode())
-    r = Rig(tmp=tmp, root=root, sock=sock, env=env, data=tmp / "data")
-    cal = await asyncio.create_subprocess_exec(
-        PYTHON, "-m", "prospero.testkit.fake_caliband", "--socket", sock,
-        "--workspace-root", root, "--scenario", str(scen), "--data-base", str(tmp / "caliband"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env,
-    )  # fmt: skip
-    r.procs.append(cal)
-    assert cal.stdout is not None
-    ready = await asyncio.wait_for(cal.stdout.readline(), 60)
-    assert ready.startswith(b"ready "), ready
-    try:
-        yield r
-    finally:
-        for p in reversed(r.procs):
-            if p.returncode is None:
-                p.send_signal(signal.SIGTERM if p is cal else signal.SIGKILL)
-                try:
-                    await asyncio.wait_for(p.wait(), 20)
-                except TimeoutError:
-                    p.kill()
-                    await p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(runtime, ignore_errors=True)
+    async with fake_fleet(monkeypatch, scenario()) as fleet:
+        yield Rig(fleet)
 
 
 async def events(
