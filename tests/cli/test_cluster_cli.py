@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from prospero.cli import render
 from prospero.cli.cluster import fmt_secs
 from prospero.core.cluster import ClusterInfo, replica_key
 from prospero.core.leases import MemoryLeases
@@ -143,3 +145,28 @@ def test_fmt_secs() -> None:
     assert fmt_secs(3 * 86400) == "3d"
     assert fmt_secs(-1) == "0.0s"
     assert fmt_secs("x") == "?"
+
+
+def test_ls_names_the_replica_driving_an_agent() -> None:
+    """`prospero ls`: an agent with an `owner` (clustered) says which replica drives it; one
+    without says nothing of the kind."""
+    fleet = {
+        "host": "h",
+        "workspaces": [
+            {
+                "name": "alpha",
+                "health": {"state": "healthy"},
+                "agents": [
+                    {"id": "a1", "status": "running", "label": "one", "owner": "cli-r0"},
+                    {"id": "a2", "status": "idle", "label": "two", "owner": None},
+                ],
+            }
+        ],
+    }
+    console = Console(record=True, width=200, color_system=None)
+    render.render_fleet(console, fleet)
+    lines = console.export_text().splitlines()
+    one = next(line for line in lines if line.strip().startswith("a1"))
+    two = next(line for line in lines if line.strip().startswith("a2"))
+    assert one.rstrip().endswith("one  (driven by cli-r0)")
+    assert two.rstrip().endswith("two") and "driven by" not in two

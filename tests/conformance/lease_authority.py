@@ -13,7 +13,7 @@ Semantics pinned here beyond the Protocol's docstrings:
 - epochs per key strictly increase, forever: after expiry, takeover, release and re-acquire by
   the same owner alike; a lease object from an older epoch can neither renew nor release;
 - a live lease is exclusive: of N owners acquiring one key at once exactly one gets it;
-- `holder`/`leases` show live leases only; keys are independent.
+- `holder`/`holders`/`leases` show live leases only; keys are independent.
 
 `FakeClock` (a clock with a matching `sleep`) drives MemoryLeases and LeaseKeeper tests.
 """
@@ -293,6 +293,21 @@ class LeaseAuthorityConformance:
         assert await auth.leases() == [a, b]
         assert await auth.holder("agent-2") is None
         assert await auth.holder("unknown") is None
+
+    async def test_holders_of_many_keys_live_only(
+        self, auth: LeaseAuthority, wait_past: WaitPast, short_ttl: float
+    ) -> None:
+        a = await auth.acquire("agent-1", "r1", LONG)
+        b = await auth.acquire("agent-2", "r2", LONG)
+        gone = await auth.acquire("agent-3", "r1", short_ttl)
+        released = await auth.acquire("agent-4", "r2", LONG)
+        assert a and b and gone and released
+        assert await auth.release(released)
+        await self.expire(auth, wait_past, gone)
+        keys = ["agent-2", "agent-1", "agent-3", "agent-4", "unknown", "agent-1"]
+        assert await auth.holders(keys) == {"agent-1": a, "agent-2": b}
+        assert await auth.holders([]) == {}
+        assert await auth.holders(["unknown"]) == {}
 
     async def test_handles_share_one_authority(self, authority_factory: AuthorityFactory) -> None:
         a, b = await authority_factory(), await authority_factory()

@@ -236,6 +236,9 @@ class Gate:
     async def holder(self, key: str) -> Lease | None:
         return await self.inner.holder(key)
 
+    async def holders(self, keys: Sequence[str]) -> dict[str, Lease]:
+        return await self.inner.holders(keys)
+
     async def leases(self) -> list[Lease]:
         return await self.inner.leases()
 

@@ -281,6 +281,7 @@ async def make_stack(
         workspaces: tuple[str, ...] = ("ws",),
         allow_acp: bool = False,
         client_token: str | None = None,
+        **config: Any,  # more DaemonConfig fields (database_url, replica_id, lease_ttl, ...)
     ) -> DashStack:
         # tokens: plaintext `name -> token` (admin) or a scoped TokenTable (then the test
         # client uses `client_token`)
@@ -300,6 +301,7 @@ async def make_stack(
             api_tokens=dict(tokens) if isinstance(tokens, dict) else {},
             host_label="dash-test",
             allow_acp=allow_acp,
+            **config,
         )
         runtime = Runtime(cfg)
         await runtime.start()

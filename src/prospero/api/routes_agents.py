@@ -11,6 +11,7 @@ from starlette.responses import Response
 from prospero.api.deps import ApiState, api_state
 from prospero.api.errors import InvalidRequest
 from prospero.api.responses import empty, errors, json_response
+from prospero.api.routes_cluster import fill_owners
 from prospero.api.sse import (
     SSE_RESPONSES,
     SseResponse,
@@ -72,7 +73,9 @@ def agent_resume(
     "/api/agents/{agent_id}", operation_id="getAgent", response_model=Agent, responses=errors(404)
 )
 async def get_agent(st: State, agent_id: str) -> Response:
-    return json_response(st.manager.get_agent(agent_id))
+    agent = st.manager.get_agent(agent_id)
+    await fill_owners(st, [agent])
+    return json_response(agent)
 
 
 @router.delete(
@@ -177,6 +180,7 @@ async def kill(st: State, agent_id: str) -> Response:
 )
 async def adopt(st: State, agent_id: str, body: AdoptBody | None = None) -> Response:
     agent = await st.manager.adopt(agent_id, body.drive_protocol if body is not None else None)
+    await fill_owners(st, [agent])
     return json_response(agent)
 
 

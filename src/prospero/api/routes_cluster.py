@@ -12,6 +12,8 @@ no leases.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -20,7 +22,11 @@ from starlette.responses import Response
 from prospero.api.deps import ApiState, NotReady, api_state
 from prospero.api.responses import errors, json_response
 from prospero.core.cluster import REPLICA_PREFIX, ClusterInfo
+from prospero.core.errors import StoreError
 from prospero.types.cluster import ClusterLease, ClusterReplica, ClusterView
+from prospero.types.model import Agent
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["cluster"])
 
@@ -32,6 +38,26 @@ def cluster_of(st: ApiState) -> ClusterInfo:
     if not isinstance(cluster, ClusterInfo):
         raise NotReady()
     return cluster
+
+
+async def fill_owners(st: ApiState, agents: Iterable[Agent]) -> None:
+    """Set the `owner` of each agent view (fresh views, built for this response): the replica
+    holding its lease now, null when none does. One lease-authority query for all of them;
+    none standalone. A failing query leaves them null (logged): the fleet's own view does not
+    depend on the lease table."""
+    cluster = getattr(st.runtime, "cluster", None)
+    if not isinstance(cluster, ClusterInfo) or cluster.authority is None:
+        return
+    views = list(agents)
+    if not views:
+        return
+    try:
+        owners = await cluster.owners([a.id for a in views])
+    except StoreError as e:
+        log.warning("agent owners unknown for this response: %s", e)
+        return
+    for a in views:
+        a.owner = owners.get(a.id)
 
 
 async def cluster_view(cluster: ClusterInfo) -> ClusterView:

@@ -13,6 +13,7 @@ from prospero.api.deps import ApiState, api_state
 from prospero.api.errors import InvalidRequest
 from prospero.api.responses import clean_workspace, dump, errors, json_response
 from prospero.api.routes_agents import LAST_EVENT_ID_SCHEMA, FromQuery, parse_last_event_id
+from prospero.api.routes_cluster import fill_owners
 from prospero.api.sse import (
     SSE_RESPONSES,
     SseResponse,
@@ -42,7 +43,9 @@ TS_MAX_YEAR = 9000
 
 @router.get("/api/fleet", operation_id="getFleet", response_model=FleetSnapshot)
 async def fleet(st: State) -> Response:
-    data = dump(st.manager.snapshot())
+    snap = st.manager.snapshot()
+    await fill_owners(st, (a for ws in snap.workspaces for a in ws.agents))
+    data = dump(snap)
     for ws in data["workspaces"]:
         clean_workspace(ws)
     return json_response(data)

@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from prospero.api.deps import ApiState, api_state
 from prospero.api.responses import clean_workspace, dump, empty, errors, json_response
+from prospero.api.routes_cluster import fill_owners
 from prospero.core.errors import InvalidConfig
 from prospero.types.api import (
     AddWorkspaceBody,
@@ -80,6 +81,7 @@ async def set_workspace_config(
 )
 async def list_agents(st: State, workspace: WorkspaceName) -> Response:
     agents = sorted(st.manager.list_agents(workspace), key=lambda a: a.started_at)
+    await fill_owners(st, agents)
     return json_response([dump(a) for a in agents])
 
 

@@ -110,6 +110,8 @@ def render_fleet(console: Console, fleet: dict[str, Any]) -> None:
                 extra.append(str(a["posture"]))
             if a.get("model"):
                 extra.append(str(a["model"]))
+            if a.get("owner"):  # clustered: the replica driving it
+                extra.append(f"driven by {a['owner']}")
             row.append(str(a.get("label") or a.get("name") or ""))
             if extra:
                 row.append(f"  ({', '.join(extra)})", style="dim")

@@ -1,5 +1,6 @@
 """What a prosperod knows of its cluster: its replica id, the lease settings, the replicas alive
-and who holds which lease (`GET /api/cluster`, `prospero cluster`).
+and who holds which lease (`GET /api/cluster`, `prospero cluster`), and which replica drives
+each agent (the `owner` of the agents the API lists).
 
 A replica announces itself by holding the lease `replica:<id>` for as long as it runs (its
 keeper renews it with the others every heartbeat): the replicas alive are the holders of live
@@ -10,6 +11,7 @@ is left). Standalone, the only replica is this one and there are no leases.
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,6 +61,16 @@ class ClusterInfo:
             return []
         now = await self.authority.now()
         return [le for le in await self.authority.leases() if le.owner and le.expires_at > now]
+
+    async def owners(self, agent_ids: Sequence[str]) -> dict[str, str]:
+        """Which replica drives each of `agent_ids` now: the holder of its live lease (keyed by
+        the agent id), on the authority's clock. Agents nobody drives are left out; standalone,
+        nothing is (no leases; the one prosperod drives what it drives). One authority round
+        trip, whatever the number of agents."""
+        if self.authority is None or not agent_ids:
+            return {}
+        held = await self.authority.holders(agent_ids)
+        return {key: le.owner for key, le in held.items() if le.owner}
 
     async def replicas(self) -> list[ReplicaInfo]:
         if self.authority is None:

@@ -84,6 +84,11 @@ class LeaseAuthority(Protocol):
         """The live lease on `key`, if any."""
         ...
 
+    async def holders(self, keys: Sequence[str]) -> dict[str, Lease]:
+        """The live lease on each of `keys` that has one (keys without one are left out), in one
+        round trip where the backend allows."""
+        ...
+
     async def leases(self) -> list[Lease]:
         """Every live lease, by key."""
         ...
@@ -153,6 +158,15 @@ class MemoryLeases:
     async def holder(self, key: str) -> Lease | None:
         e = self._keys.get(key)
         return self._lease(key, e) if e is not None and e.live(self.clock()) else None
+
+    async def holders(self, keys: Sequence[str]) -> dict[str, Lease]:
+        now = self.clock()
+        out: dict[str, Lease] = {}
+        for key in keys:
+            e = self._keys.get(key)
+            if e is not None and e.live(now):
+                out[key] = self._lease(key, e)
+        return out
 
     async def leases(self) -> list[Lease]:
         now = self.clock()

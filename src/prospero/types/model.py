@@ -97,6 +97,15 @@ class Agent(BaseModel):
     spawned_here: bool = False
     adopted: bool = False
     outcome: str | None = None
+    # Filled by the API for each response (never stored, never from caliband).
+    owner: str | None = Field(
+        default=None,
+        description=(
+            "Clustered: the id of the replica holding the agent's lease now (keyed by the "
+            "agent id): the one that drives it, or last drove it while it keeps the lease. "
+            "Null when no replica holds it, and always on a standalone prosperod."
+        ),
+    )
 
 
 class AgentMeta(BaseModel):

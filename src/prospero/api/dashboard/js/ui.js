@@ -18,6 +18,16 @@ export function tag(text, cls = "", title) {
   return h("span", { class: ["tag", cls], title }, text);
 }
 
+/** Clustered: which replica drives the agent (its lease holder); nothing when none does. */
+export function ownerBadge(owner) {
+  if (!owner) return null;
+  return h(
+    "span",
+    { class: ["tag", "tag-owner"], title: `replica ${owner} holds this agent's lease`, dataset: { owner } },
+    `driven by ${owner}`,
+  );
+}
+
 export function button(label, onClick, cls = "btn", attrs = {}) {
   return h("button", { type: "button", class: cls, on: { click: onClick }, ...attrs }, label);
 }

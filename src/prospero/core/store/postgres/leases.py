@@ -8,6 +8,8 @@ never on a replica's clock:
 - acquire: `INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE <free, expired or ours> RETURNING`.
   Concurrent acquires of one key serialise on its row: the first wins, the others see a live
   lease of another owner and get no row back;
+- holder / holders / leases: a `SELECT` of the live rows (`holders`: `key = ANY($1)`, one
+  statement for any number of keys);
 - renew / release: an `UPDATE ... WHERE key AND owner AND epoch [AND live]` (renew_many: one
   `UPDATE ... FROM unnest(...)` for the whole batch).
 
@@ -98,6 +100,11 @@ RETURNING key
 """
 
 HOLDER = f"SELECT {COLS} FROM leases WHERE key = $1 AND owner IS NOT NULL AND expires_at > now()"
+
+HOLDERS = f"""
+SELECT {COLS} FROM leases
+WHERE key = ANY($1::text[]) AND owner IS NOT NULL AND expires_at > now()
+"""
 
 LIVE = f"SELECT {COLS} FROM leases WHERE owner IS NOT NULL AND expires_at > now() ORDER BY key"
 
@@ -190,6 +197,17 @@ class PgLeases(PgComponentStore):
     async def holder(self, key: str) -> Lease | None:
         row = await self._row(f"reading {key}", HOLDER, key)
         return _lease(row) if row is not None else None
+
+    async def holders(self, keys: Sequence[str]) -> dict[str, Lease]:
+        wanted = sorted(set(keys))
+        if not wanted:
+            return {}
+
+        async def q(conn: Conn) -> list[asyncpg.Record]:
+            return await conn.fetch(HOLDERS, wanted)
+
+        rows = await self._run(f"reading {len(wanted)} holders", q)
+        return {r["key"]: _lease(r) for r in rows}
 
     async def leases(self) -> list[Lease]:
         async def q(conn: Conn) -> list[asyncpg.Record]:

@@ -10,7 +10,7 @@ import { fmtAge, fmtTokens, fmtUsd, isTerminal, shortId } from "../format.js";
 import { ResumableStream } from "../sse.js";
 import * as state from "../state.js";
 import { Timeline, renderInspector } from "../timeline.js";
-import { banner, busy, button, confirmDialog, statusPill, tag } from "../ui.js";
+import { banner, busy, button, confirmDialog, ownerBadge, statusPill, tag } from "../ui.js";
 
 const CONN_LABEL = {
   connecting: "connecting",
@@ -85,6 +85,7 @@ export function mount(root, { params }) {
       a?.model || timeline.model ? tag(a?.model || timeline.model, "tag-model", "model") : null,
       a?.interactive ? tag("interactive", "tag-int") : null,
       a ? tag(a.isolated ? "worktree" : "shared tree", a.isolated ? "tag-wt" : "") : null,
+      ownerBadge(a?.owner),
       a ? h("span", { class: "muted", title: a.started_at }, `started ${fmtAge(a.started_at)} ago`) : null,
     );
     renderControls();
@@ -331,7 +332,11 @@ export function mount(root, { params }) {
   });
   const offFleet = state.on("fleet", () => {
     const fresh = state.findAgent(id);
-    if (fresh && agent && (fresh.status !== agent.status || fresh.model !== agent.model)) {
+    if (
+      fresh &&
+      agent &&
+      (fresh.status !== agent.status || fresh.model !== agent.model || (fresh.owner || null) !== (agent.owner || null))
+    ) {
       agent = { ...agent, ...fresh };
       renderHead();
     }

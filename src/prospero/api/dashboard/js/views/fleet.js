@@ -1,12 +1,13 @@
 // Fleet overview: stat row, filters, one card per workspace (health, config, status meter,
-// agents with status, drive protocol, posture, model, age, tokens and cost). Live: re-renders
-// whenever the store changes (fleet SSE stream + poll).
+// agents with status, drive protocol, posture, model, age, tokens and cost; clustered, the
+// replica driving each one). Live: re-renders whenever the store changes (fleet SSE stream +
+// poll).
 
 import { ApiError, post } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtAge, fmtTokens, fmtUsd, parseTs, plural, shortId } from "../format.js";
 import * as state from "../state.js";
-import { banner, button, emptyState, healthPill, statusPill, tag } from "../ui.js";
+import { banner, button, emptyState, healthPill, ownerBadge, statusPill, tag } from "../ui.js";
 
 const FILTER_KEY = "prospero.filters";
 
@@ -49,7 +50,7 @@ function agentMatches(a, f) {
   if (f.protocol && (a.drive_protocol || "ndjson") !== f.protocol) return false;
   if (f.q) {
     const q = f.q.toLowerCase();
-    const hay = [a.id, a.name, a.label, a.model, totalsOf(a.id)?.model, a.workspace].filter(Boolean).join(" ").toLowerCase();
+    const hay = [a.id, a.name, a.label, a.model, totalsOf(a.id)?.model, a.workspace, a.owner].filter(Boolean).join(" ").toLowerCase();
     if (!hay.includes(q)) return false;
   }
   return true;
@@ -146,6 +147,7 @@ function agentRow(a) {
         h("span", { class: "mono" }, shortId(a.id)),
         a.interactive ? tag("int", "tag-int", "interactive: accepts input") : null,
         a.isolated ? tag("wt", "tag-wt", "isolated in its own git worktree") : null,
+        ownerBadge(a.owner),
       ),
     ),
     h("td", { class: "col-status" }, statusPill(a.status)),
