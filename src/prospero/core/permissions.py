@@ -11,7 +11,9 @@ answers `cancelled`. prosperod injects `prospero.core.decisions.DecisionService`
 `prospero.core.drivers.acp.acp_driver_factory(broker=...)` or `AcpDriver(..., broker=...)`.
 
 A broker may take as long as it likes (a human deciding): the driver answers `cancelled` on
-its own when the turn is cancelled or the session ends while the decision is pending.
+its own when the turn is cancelled or the session ends while the decision is pending. A broker
+that stores its decisions may also implement `StoredDecisions`, which a driver starting from
+stored state calls for the decisions asked through a connection that is gone.
 """
 
 from __future__ import annotations
@@ -93,6 +95,19 @@ class PermissionOutcome:
 @runtime_checkable
 class PermissionBroker(Protocol):
     async def decide(self, request: PermissionRequest) -> PermissionOutcome: ...
+
+
+@runtime_checkable
+class StoredDecisions(Protocol):
+    """Optional capability of a broker whose decisions outlive the request that asked
+    (prosperod's `DecisionService`: they are stored). A driver that starts an agent from its
+    stored resume state — after a restart or, clustered, after taking the agent over from
+    another replica — calls `cancel_stored` once, before it opens the session: the agent's
+    decisions still pending in the store that no request of this process waits on were asked
+    through a connection that is gone. What the broker does with them (and that it may
+    leave them to a grace period) is its own rule; it returns how many it resolved."""
+
+    async def cancel_stored(self, agent_id: str, reason: str) -> int: ...
 
 
 def first_reject(options: tuple[PermissionOption, ...]) -> PermissionOption | None:

@@ -157,6 +157,8 @@ class Runtime:
             DecisionConfig(
                 webhooks=list(cfg.decision_webhooks),
                 rejoin_grace=cfg.decision_rejoin_grace,
+                # Other replicas' pending decisions are live there, not orphans of ours.
+                clustered=self.ownership is not None,
             ),
         )
         await self.decisions.start()

@@ -43,7 +43,7 @@ class Decision(BaseModel):
     state: DecisionState = "pending"
     posture: str | None = None
     # Who resolved it: an API token name ("anonymous" without auth), "policy", "rule",
-    # "timeout", "cancel" or "restart".
+    # "timeout", "cancel", "restart" or "takeover" (clustered: the agent's new owner).
     decided_by: str | None = None
     decided_at: str | None = None
     option_id: str | None = None

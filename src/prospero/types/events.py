@@ -236,8 +236,8 @@ class DecisionPending(_Kind):
 class DecisionResolved(_Kind):
     """Prospero addition: a permission decision ended. `state` is decided | expired |
     cancelled; `by` names who answered (an API token name or "anonymous", "policy", "rule",
-    "timeout", "cancel", "restart"); `rule` names the policy or session rule of an automatic
-    answer."""
+    "timeout", "cancel", "restart", "takeover"); `rule` names the policy or session rule of an
+    automatic answer."""
 
     kind: Literal["decision_resolved"] = "decision_resolved"
     id: str = ""

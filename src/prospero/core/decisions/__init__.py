@@ -29,6 +29,15 @@ prosperod holds it for `rejoin_grace` seconds: if the rejoined session asks agai
 tool call, the new request takes the decision over (same id, still pending); otherwise it is
 resolved `cancelled` by `restart`.
 
+Clustered (several replicas on one PostgreSQL database, ADR 0012; `DecisionConfig.clustered`):
+a decision pending in the shared store may be waiting on a live replica, so none is taken for
+an orphan at start. Only the replica that owns an agent drives it and asks for it; when that
+replica dies, the one that takes the agent over cancels, as its ACP driver loads the agent's
+stored state, the agent's decisions still pending and not live in it (`cancel_stored`: by
+`takeover`, with the lost turn in the note), and forgets the agent's cached session rules.
+Workspace policies are read from the store at each use instead of cached (another replica may
+have changed them).
+
 The package: `policy` (the rule list, its evaluation, the cached policies), `session_rules`
 (always-rules per ACP session), `waiting` (the wait for a human answer), `webhooks`, `views`
 (events, broker outcome, summary of a decision), `names` (metric names, who decided, notes),
@@ -45,6 +54,7 @@ from prospero.core.decisions.names import (
     BY_POLICY,
     BY_RESTART,
     BY_RULE,
+    BY_TAKEOVER,
     BY_TIMEOUT,
     CANCELLED_NOTE,
     DECISION_STORE_FAILURES,
@@ -91,6 +101,7 @@ __all__ = [
     "BY_POLICY",
     "BY_RESTART",
     "BY_RULE",
+    "BY_TAKEOVER",
     "BY_TIMEOUT",
     "CANCELLED_NOTE",
     "DECISIONS_ASKED",

@@ -24,6 +24,8 @@ BY_RULE = "rule"
 BY_TIMEOUT = "timeout"
 BY_CANCEL = "cancel"
 BY_RESTART = "restart"
+# Clustered: the replica that drove the agent stopped; the one that took the agent over ended it.
+BY_TAKEOVER = "takeover"
 ANONYMOUS = "anonymous"
 
 AUTONOMOUS_RULE = "autonomous-default-deny"

@@ -110,21 +110,30 @@ def option_for(
 
 
 class WorkspacePolicies:
-    """The workspaces' policies, read from the store once and cached; writes (set, patch)
-    are serialised so a patch applies to the policy it read."""
+    """The workspaces' policies; writes (set, patch) are serialised in this process so a
+    patch applies to the policy it read.
 
-    def __init__(self, store: DecisionStore) -> None:
+    Standalone (`cache=True`), this process is the only writer: each policy is read from the
+    store once and cached. Clustered (`cache=False`), any replica may set a policy, so every
+    read goes to the shared store (a policy is read once per permission request and once
+    per spawn; a cached copy would never see another replica's write). Patches are not
+    serialised across replicas: two replicas patching one workspace's policy at the same
+    moment can each apply theirs to the policy both read, and the later write wins."""
+
+    def __init__(self, store: DecisionStore, *, cache: bool = True) -> None:
         self.store = store
+        self.cache = cache
         self._policies: dict[str, WorkspacePolicy] = {}
         self._lock = asyncio.Lock()
 
     async def get(self, workspace: str) -> WorkspacePolicy:
-        cached = self._policies.get(workspace)
+        cached = self._policies.get(workspace) if self.cache else None
         if cached is not None:
             return cached
         stored = await self.store.get_policy(workspace)
         policy = stored or WorkspacePolicy()
-        self._policies[workspace] = policy
+        if self.cache:
+            self._policies[workspace] = policy
         return policy
 
     async def set(self, workspace: str, policy: WorkspacePolicy) -> WorkspacePolicy:
@@ -133,7 +142,8 @@ class WorkspacePolicies:
 
     async def _set(self, workspace: str, policy: WorkspacePolicy) -> WorkspacePolicy:
         await self.store.put_policy(workspace, policy)
-        self._policies[workspace] = policy
+        if self.cache:
+            self._policies[workspace] = policy
         log.info(
             "workspace %s: permission policy set (%d rules, posture %s, timeout %s)",
             workspace,

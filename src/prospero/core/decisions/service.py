@@ -20,6 +20,7 @@ from prospero.core.decisions.names import (
     BY_POLICY,
     BY_RESTART,
     BY_RULE,
+    BY_TAKEOVER,
     BY_TIMEOUT,
     CANCELLED_NOTE,
     DECISION_STORE_FAILURES,
@@ -68,6 +69,11 @@ class DecisionConfig:
     # How long a decision left pending by a previous prosperod waits for its rejoined session
     # to ask again before it is cancelled.
     rejoin_grace: float = 30.0
+    # Several replicas share the decision store (clustered prosperod, ADR 0012): a decision
+    # pending in the store may be live on another replica, so none is taken for an orphan at
+    # start, policies are read through to the store, and a replica that takes an agent over
+    # cancels what its previous owner left pending (`cancel_stored`).
+    clustered: bool = False
     # Posture of agents whose spawn and workspace say nothing.
     default_posture: Posture = DEFAULT_POSTURE
     webhook_attempts: int = 4
@@ -96,7 +102,7 @@ class DecisionService:
             backoff=self.config.webhook_backoff,
             timeout=self.config.webhook_timeout,
         )
-        self.policies = WorkspacePolicies(store)
+        self.policies = WorkspacePolicies(store, cache=not self.config.clustered)
         self.session_rules = SessionRules(store)
         self._live: dict[str, LiveDecision] = {}
         self._orphans: dict[str, Decision] = {}
@@ -109,12 +115,16 @@ class DecisionService:
 
     async def start(self) -> None:
         """Open the store, take over decisions a previous prosperod left pending, start the
-        webhooks."""
+        webhooks. Clustered, the store's pending decisions are not taken over: they may be
+        waiting on live replicas; those of an agent whose replica died are cancelled by the
+        replica that takes the agent over (`cancel_stored`)."""
         if self._started:
             return
         self._started = True
         await self.store.open()
         self.webhooks.start()
+        if self.config.clustered:
+            return
         try:
             left = await self.store.query(state="pending")
         except StoreError as e:
@@ -548,6 +558,39 @@ class DecisionService:
             f": {note}" if note else "",
         )
         return updated
+
+    async def cancel_stored(self, agent_id: str, reason: str) -> int:
+        """The agent's driver starts from its stored state (`core.permissions.StoredDecisions`):
+        settle the agent's decisions that are pending in the store but not live here.
+
+        Clustered: this replica now owns the agent (it took it over, or drives it again), so
+        such a decision was asked through the previous owner's connection, which is gone. Each
+        is resolved `cancelled` by `takeover` with `reason`, through the store's conditional
+        resolve (exactly one resolver wins, also against an old owner resolving its own), and
+        announced as usual (`decision_resolved`, webhooks). The agent's cached session rules
+        are forgotten too, so those the previous owner stored are read.
+
+        Standalone: nothing (0). The decisions a previous prosperod left pending are this
+        service's orphans: held for `rejoin_grace` in case the rejoined session asks again for
+        the same tool call, else cancelled by `restart` (or at once by `cancel_agent`)."""
+        if not self.config.clustered:
+            return 0
+        self.session_rules.forget_agent(agent_id)
+        stored = await self.store.query(state="pending", agent_id=agent_id)
+        n = 0
+        for d in stored:
+            if d.id in self._live:
+                continue
+            if await self._resolve(d.id, "cancelled", by=BY_TAKEOVER, note=reason) is not None:
+                n += 1
+        if n:
+            log.info(
+                "agent %s: %d decision(s) its previous owner left pending cancelled: %s",
+                agent_id,
+                n,
+                reason,
+            )
+        return n
 
     # ---- restart -----------------------------------------------------------------------------
 

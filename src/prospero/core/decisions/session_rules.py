@@ -1,6 +1,7 @@
 """Session always-rules: a human's `allow_always` / `reject_always` answer answers the later
 requests of the same ACP session for the same tool kind and title. Kept in memory per session
-(loaded from the store on first use) and stored alongside."""
+(loaded from the store on first use) and stored alongside; forgotten per agent when another
+replica may have added some (`forget_agent`, on a takeover)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ class SessionRules:
         self.store = store
         self._rules: dict[_SessionKey, dict[tuple[str, str], SessionRule]] = {}
         self._loaded: set[_SessionKey] = set()
+
+    def forget_agent(self, agent_id: str) -> None:
+        """Drop what is cached of the agent's sessions: their rules are read from the store
+        again at the next request (a replica that takes an agent over reads the rules the
+        previous owner stored)."""
+        for key in [k for k in self._rules if k[0] == agent_id]:
+            del self._rules[key]
+        self._loaded = {k for k in self._loaded if k[0] != agent_id}
 
     def remember(self, rule: SessionRule) -> None:
         key = (rule.agent_id, rule.session_id)

@@ -60,13 +60,16 @@ from prospero.core.drivers.base import (
 from prospero.core.errors import InvalidState, ProsperoError
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership
-from prospero.core.permissions import PermissionBroker, PolicyBroker
+from prospero.core.permissions import PermissionBroker, PolicyBroker, StoredDecisions
 from prospero.core.transport import close_writer
 
 log = logging.getLogger(__name__)
 
 ACP_UNSERVED_REQUESTS = "acp_unserved_requests"
 STOPPED_MID_TURN = "prosperod stopped while the turn was in flight"
+# The reason given to the broker for decisions asked through a connection that is gone.
+OWNER_STOPPED = "the replica driving the agent stopped while the decision was pending"
+OWNER_STOPPED_MID_TURN = "the replica driving the agent stopped mid-turn; turn {turn} was lost"
 
 StreamObserver = Callable[[StreamEvent], Awaitable[None] | None]
 
@@ -537,11 +540,31 @@ class AcpDriver(ReconnectingDriver, AcpSession):
         self._initial_sent = state.initial_prompt_sent
         self._terminal = state.terminal
         self.mapper.restore(state)
+        lost = state.in_flight if not state.terminal else None
+        await self._cancel_stored_decisions(
+            OWNER_STOPPED if lost is None else OWNER_STOPPED_MID_TURN.format(turn=lost)
+        )
         if state.in_flight is not None and not state.terminal:
             # Recorded once: the turn_lost is committed with the state that clears it.
             self.mapper.lose_turn(state.in_flight, STOPPED_MID_TURN, state.open_tools)
             await self._drain()
             await self.pump.save_now()
+
+    async def _cancel_stored_decisions(self, reason: str) -> None:
+        """Starting from stored state: decisions asked through the connection that is gone
+        (the previous prosperod's or, clustered, the previous owner's) are the broker's to
+        settle (`StoredDecisions`; DecisionService cancels them when clustered and keeps its
+        rejoin grace when standalone). Before the lost turn is recorded, so its decisions end
+        inside it, as they do when a live connection drops."""
+        broker = self.broker
+        if not isinstance(broker, StoredDecisions):
+            return
+        try:
+            await broker.cancel_stored(self.target.agent_id, reason)
+        except Exception as e:
+            log.warning(
+                "agent %s: cannot settle the decisions left pending: %s", self.target.agent_id, e
+            )
 
 
 def acp_driver_factory(
