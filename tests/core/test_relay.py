@@ -12,7 +12,7 @@ import pytest
 
 from prospero.core.relay import CommandRelay, MemoryRelay, MemoryRelayHub
 from prospero.core.relay.postgres import PgRelay
-from tests.conformance.relay import RelayConformance, RelayFactory, Recorder
+from tests.conformance.relay import Recorder, RelayConformance, RelayFactory
 from tests.support import wait_until
 
 

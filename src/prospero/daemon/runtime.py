@@ -13,7 +13,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prospero.core.aio import wait_for
 from prospero.core.bus import InProcessBus
@@ -31,9 +31,14 @@ from prospero.core.leases import LeaseKeeper
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import LeasedOwnership
 from prospero.core.ratecard import RateCard
+from prospero.core.relay.routing import OwnerRouting, RelayHandler
 from prospero.core.retention import RetentionTask
 from prospero.core.store.backend import StoreBackend, open_backend
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
+from prospero.core.store.postgres.db import PgDb
+
+if TYPE_CHECKING:
+    from prospero.core.relay.postgres import PgRelay
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +132,7 @@ class Runtime:
         self.manager: FleetManager | None = None
         self.decisions: DecisionService | None = None
         self._retention: RetentionTask | None = None
+        self.relay: PgRelay | None = None  # clustered: calls to the replica driving an agent
         self._warming: asyncio.Future[Any] | None = None
 
     async def start(self) -> None:
@@ -168,6 +174,16 @@ class Runtime:
             self._warming = asyncio.get_running_loop().run_in_executor(
                 None, importlib.import_module, "prospero.core.drivers.acp"
             )
+        routing: OwnerRouting | None = None
+        if self.ownership is not None and cfg.database_url and backend.leases is not None:
+            # Requests that need an ACP agent's driver run on the replica that drives it.
+            from prospero.core.relay.postgres import PgRelay
+
+            self.relay = PgRelay(PgDb(cfg.database_url, max_size=4), self.cluster.replica_id)
+            routing = OwnerRouting(
+                self.relay, backend.leases, self.ownership, settle=min(30.0, cfg.lease_ttl + 2.0)
+            )
+            self.decisions.remote = routing.decide_remote
         provider = self._provider_override or LocalFleet(
             LocalFleetConfig(
                 autostart=cfg.autostart,
@@ -196,11 +212,14 @@ class Runtime:
             decisions=self.decisions,
             agents=self.agents,
             ownership=self.ownership,
+            routing=routing,
             fenced_cursors=self.ownership is not None,
         )
         if self.ownership is not None:
             self.ownership.on_lost(self.manager.lease_lost)
         await self.manager.start()
+        if self.relay is not None:
+            await self.relay.start(RelayHandler(self.manager, self.decisions))
         if cfg.retention_days > 0:
             self._retention = RetentionTask(self.store, cfg.retention_days, metrics=self.metrics)
             self._retention.start()
@@ -278,6 +297,10 @@ class Runtime:
         """Stop attach tasks and the poll loop, flush the emitter, close the stores."""
         if self._retention is not None:
             await self._retention.stop()
+        if self.relay is not None:
+            # Calls relayed here from now on go unanswered (their callers withdraw them).
+            with contextlib.suppress(Exception):
+                await wait_for(self.relay.close(), 5.0)
         if self.decisions is not None:
             # Asks abandoned by the stopping drivers stay pending for the next prosperod.
             self.decisions.begin_shutdown()

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,6 +59,11 @@ class EmitterLike(Protocol):
     async def emit(self, repo: str, agent_id: str, kind: EventKind) -> Any: ...
 
 
+# (decision, option id, decided by, note) -> the resolution, or None when this replica is the
+# one its request would wait on.
+RemoteAnswer = Callable[[Decision, str, str, str | None], Awaitable[Decision | None]]
+
+
 def new_decision_id() -> str:
     return f"dec-{uuid.uuid4().hex[:16]}"
 
@@ -104,6 +109,9 @@ class DecisionService:
         )
         self.policies = WorkspacePolicies(store, cache=not self.config.clustered)
         self.session_rules = SessionRules(store)
+        # Clustered: answers a decision whose request waits on another replica (its owner);
+        # None when that would be this replica (`core/relay/routing.py`).
+        self.remote: RemoteAnswer | None = None
         self._live: dict[str, LiveDecision] = {}
         self._orphans: dict[str, Decision] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -430,11 +438,19 @@ class DecisionService:
     # ---- resolving ---------------------------------------------------------------------------
 
     async def decide_by_human(
-        self, decision_id: str, option_id: str, *, by: str, note: str | None = None
+        self,
+        decision_id: str,
+        option_id: str,
+        *,
+        by: str,
+        note: str | None = None,
+        local: bool = False,
     ) -> Decision:
         """Answer a pending decision with one of its options. Raises DecisionNotFound,
         DecisionConflict (not pending any more, someone else won, or its request is not
-        live) or UnknownOption."""
+        live) or UnknownOption. In a cluster, a decision whose request waits on another
+        replica (the agent's owner) is answered there, through `remote` (`core/relay`), with
+        the same exactly-one-wins rule; `local` (a call relayed here) never relays again."""
         d = await self.get(decision_id)
         if d.state != "pending":
             raise self._conflict(d)
@@ -443,6 +459,11 @@ class DecisionService:
             raise UnknownOption(
                 f"decision '{decision_id}' has no option '{option_id}' (offered: {offered})"
             )
+        if decision_id not in self._live and self.remote is not None and not local:
+            text = (note or "").strip() or None
+            answered = await self.remote(d, option_id, by, text)
+            if answered is not None:
+                return answered
         if decision_id not in self._live:
             raise DecisionConflict(
                 f"decision '{decision_id}' cannot be answered: its request ended when "

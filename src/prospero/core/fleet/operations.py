@@ -21,6 +21,8 @@ from prospero.core.fleet.meta import drivable, drive_protocol, effective_status
 from prospero.core.fleet.state import NOT_DRIVEN, AgentSlot, FleetState
 from prospero.core.ownership import workspace_key
 from prospero.core.provider_env import check_spawnable
+from prospero.core.relay.base import RelayOp
+from prospero.core.relay.routing import RELAYED_CALLS
 from prospero.core.wire.control import AgentRecord, SpawnSpec
 from prospero.types.api import SpawnedResponse, SpawnRequest
 from prospero.types.events import AgentGone, AgentSpawned, now_ts
@@ -99,10 +101,11 @@ class AgentOperations(FleetState):
             drive_protocol=req.drive_protocol,
         )
 
-    async def kill(self, agent_id: str) -> None:
+    async def kill(self, agent_id: str, *, local: bool = False) -> None:
         """Kill a live agent (its driver then concludes the run: agent_finished `killed`).
         A finished agent is refused (InvalidState, 409) and nothing changes: caliband's kill
-        would rewrite its `done` into `killed`."""
+        would rewrite its `done` into `killed`. In a cluster an ACP agent's kill runs on the
+        replica that drives it (the session is concluded before caliband's kill)."""
         ws, _slot = self._slot(agent_id)
         await self.poll_workspace(ws.name)  # decide on caliband's current status
         ws, slot = self._slot(agent_id)
@@ -110,6 +113,9 @@ class AgentOperations(FleetState):
         status = effective_status(slot.record, slot.meta)
         if status.terminal:
             raise InvalidState("kill", agent_id, status.value, "the agent has already finished")
+        if not local and (owner := await self._owner_elsewhere(slot, agent_id, "kill")):
+            await self._relay(owner, agent_id, "kill")
+            return
         await self._cancel_asks(agent_id, "the agent was killed")
         if slot.driver is not None and drive_protocol(slot.record, slot.meta) != "ndjson":
             # session/cancel, open tool calls closed, agent_finished{killed} — before caliband's
@@ -177,15 +183,35 @@ class AgentOperations(FleetState):
             slot.driver = self._make_driver(ws, slot.record)
         return slot.driver
 
-    async def send_input(self, agent_id: str, text: str) -> None:
+    async def _owner_elsewhere(self, slot: AgentSlot, agent_id: str, op: str) -> str | None:
+        """The replica that must run `op` (it drives this ACP agent), or None for this one.
+        NDJSON steering goes to caliband from any replica; standalone is always here."""
+        if self.routing is None or slot.record is None:
+            return None
+        if drive_protocol(slot.record, slot.meta) == "ndjson":
+            return None
+        return await self.routing.owner_elsewhere(agent_id, op)
+
+    async def _relay(self, owner: str, agent_id: str, op: RelayOp, **args: str) -> None:
+        assert self.routing is not None
+        self.metrics.inc(RELAYED_CALLS)
+        await self.routing.call(owner, agent_id, op, dict(args))
+
+    async def send_input(self, agent_id: str, text: str, *, local: bool = False) -> None:
         ws, slot = self._steerable("send input to", agent_id)
+        if not local and (owner := await self._owner_elsewhere(slot, agent_id, "send input to")):
+            await self._relay(owner, agent_id, "send_input", text=text)
+            return
         await self._driver_for(ws, slot).send_input(text)
 
-    async def end_input(self, agent_id: str) -> None:
+    async def end_input(self, agent_id: str, *, local: bool = False) -> None:
         ws, slot = self._steerable("end input of", agent_id)
+        if not local and (owner := await self._owner_elsewhere(slot, agent_id, "end input of")):
+            await self._relay(owner, agent_id, "end_input")
+            return
         await self._driver_for(ws, slot).end_input()
 
-    async def cancel_turn(self, agent_id: str) -> None:
+    async def cancel_turn(self, agent_id: str, *, local: bool = False) -> None:
         ws, slot = self._slot(agent_id)
         assert slot.record is not None
         status = effective_status(slot.record, slot.meta)
@@ -193,6 +219,11 @@ class AgentOperations(FleetState):
             raise InvalidState("cancel the turn of", agent_id, status.value)
         if not drivable(slot.record, slot.meta):
             raise InvalidState("cancel the turn of", agent_id, status.value, NOT_DRIVEN)
+        if not local and (
+            owner := await self._owner_elsewhere(slot, agent_id, "cancel the turn of")
+        ):
+            await self._relay(owner, agent_id, "cancel_turn")
+            return
         await self._cancel_asks(agent_id, "the turn was cancelled")
         try:
             await self._driver_for(ws, slot).cancel_turn()
@@ -203,7 +234,10 @@ class AgentOperations(FleetState):
         """End input (best effort), wait for a terminal status or removal, then kill."""
         ws, slot = self._slot(agent_id)
         with contextlib.suppress(ProsperoError):
-            await self._driver_for(ws, slot).end_input()
+            if owner := await self._owner_elsewhere(slot, agent_id, "drain"):
+                await self._relay(owner, agent_id, "end_input")
+            else:
+                await self._driver_for(ws, slot).end_input()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:

@@ -20,6 +20,7 @@ from prospero.core.fleet.provider import FleetProvider
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership
 from prospero.core.ratecard import RateCard
+from prospero.core.relay.routing import OwnerRouting
 from prospero.core.store.base import AgentMetaStore, EventStore
 from prospero.core.wire.control import AgentRecord
 from prospero.types.events import EventKind, FleetEvent
@@ -135,6 +136,8 @@ class FleetState:
     driver_factories: dict[str, DriverFactory]
     decisions: DecisionHooks | None
     ownership: Ownership
+    # Clustered: where a request that needs an agent's driver runs (core/relay/routing.py).
+    routing: OwnerRouting | None
     fenced_cursors: bool  # drivers save cursors through the emitter (clustered, ADR 0012)
     agents: AgentMetaStore
     _workspaces: dict[str, RegisteredWorkspace]
