@@ -89,3 +89,54 @@ async def test_a_dead_replicas_agent_is_taken_over_and_continues_without_loss_or
     assert "hello there" in text  # the echo, written by the new owner
     assert [e["kind"]["kind"] for e in events].count("agent_finished") == 1
     assert live == events[: len(live)] and live[-1]["kind"]["kind"] == "agent_finished"
+
+
+async def test_a_replica_that_lost_an_agent_can_take_it_over_again(
+    make_stack: StackFactory, pg_dsn: str
+) -> None:
+    """A drives the agent, loses its lease to B (expired under it: a pause), then B dies: A
+    takes the agent back with a new driver that continues from what B stored, not the closed
+    one it had."""
+    common: dict[str, Any] = {"database_url": pg_dsn, "lease_ttl": TTL, "heartbeat_interval": BEAT}
+    a = await make_stack(replica_id="a", **common)
+    agent = await a.spawn("interactive", interactive=True)
+
+    async def a_drives() -> bool:
+        return await holder(a, agent) == "a"
+
+    await wait_until(a_drives, 20.0, interval=0.05, what="a drives the agent")
+    b = await make_stack(replica_id="b", workspace=False, **common)
+    authority = a.runtime.cluster.authority
+    assert authority is not None
+    # A pause: a's lease on the agent runs out under it (renewals refused from now on).
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute("UPDATE leases SET expires_at = now() WHERE key = $1", agent)
+    finally:
+        await conn.close()
+
+    async def b_drives() -> bool:
+        return await holder(b, agent) == "b"
+
+    await wait_until(b_drives, 5 * TTL + 5.0, interval=0.05, what="b takes the agent")
+    r = await b.client.post(f"/api/agents/{agent}/input", json={"text": "from b"})
+    assert r.status_code == 202, r.text
+
+    async def echoed(s: Stack, text: str) -> bool:
+        return text in "".join(e["kind"].get("chunk", "") for e in await s.history(agent))
+
+    await wait_until(lambda: echoed(a, "from b"), 20.0, interval=0.05, what="b's turn")
+    await crash(b)
+    await wait_until(a_drives, 5 * TTL + 5.0, interval=0.05, what="a takes it back")
+    r = await a.client.post(f"/api/agents/{agent}/input", json={"text": "a again"})
+    assert r.status_code == 202, r.text
+    await wait_until(lambda: echoed(a, "a again"), 20.0, interval=0.05, what="a's new turn")
+    r = await a.client.post(f"/api/agents/{agent}/end-input")
+    assert r.status_code == 202, r.text
+    events = await a.wait_finished(agent)
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    text = "".join(e["kind"].get("chunk", "") for e in events)
+    assert text.count("from b") == 1 and text.count("a again") == 1

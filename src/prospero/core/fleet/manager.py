@@ -41,6 +41,7 @@ from prospero.core.fleet.supervision import DriverSupervision
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership, SelfOwnsAll
 from prospero.core.provider_env import validate_config
+from prospero.core.relay.routing import OwnerRouting
 from prospero.core.sources import discover_sources, validate_root
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
 from prospero.core.store.sqlite.agents import MemoryAgentMetaStore, SqliteAgentMetaStore
@@ -89,6 +90,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         *,
         driver_factories: dict[str, DriverFactory] | None = None,
         ownership: Ownership | None = None,
+        routing: OwnerRouting | None = None,
         fenced_cursors: bool = False,
         decisions: DecisionHooks | None = None,
         agents: AgentMetaStore | None = None,
@@ -101,6 +103,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         self.config = config or FleetConfig()
         self.driver_factories = dict(driver_factories or {})
         self.ownership = ownership or SelfOwnsAll()
+        self.routing = routing
         self.fenced_cursors = fenced_cursors
         self.decisions = decisions
         self._owns_agents = agents is None
@@ -159,9 +162,19 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         if slot is None or slot.task is None or slot.task.done() or self._stopping:
             return
         log.warning("agent %s: its lease is lost (another replica drives it now)", key)
-        task = asyncio.create_task(self._close_driver(key), name=f"lease-lost-{key}")
+        task = asyncio.create_task(self._drop_driver(key), name=f"lease-lost-{key}")
         self._closing_tasks.add(task)
         task.add_done_callback(self._closing_tasks.discard)
+
+    async def _drop_driver(self, agent_id: str) -> None:
+        """Close the agent's driver and forget it: if this replica takes the agent over again
+        later, a new driver starts from the stored state (what the other owner wrote since),
+        never the closed one."""
+        slot = self._slots.get(agent_id)
+        driver = slot.driver if slot is not None else None
+        await self._close_driver(agent_id)
+        if slot is not None and driver is not None and slot.driver is driver:
+            slot.driver = None
 
     async def _reload_registry(self) -> None:
         async with self._registry_lock:
