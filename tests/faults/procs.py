@@ -22,6 +22,7 @@ from prospero.core.caliband_client import CalibandClient
 from prospero.core.discovery import socket_path_for
 from prospero.core.sources import canonical_root
 from prospero.core.wire.control import AgentRecord, UnixEndpoint
+from prospero.testkit.acp_scripts import AcpScript
 from prospero.testkit.faults import Scenario
 from tests.core.fleet_fixtures import make_git_repo
 from tests.support import short_tmpdir
@@ -94,10 +95,14 @@ class Fleet:
 
 @contextlib.asynccontextmanager
 async def fake_fleet(
-    monkeypatch: pytest.MonkeyPatch, scenario: Scenario, *, stop: signal.Signals = signal.SIGKILL
+    monkeypatch: pytest.MonkeyPatch,
+    scenario: Scenario,
+    *,
+    stop: signal.Signals = signal.SIGKILL,
+    acp_script: AcpScript | None = None,
 ) -> AsyncIterator[Fleet]:
-    """The fake caliband process for `scenario`; at the end it gets SIGTERM and every other
-    process `stop`, and the temp dirs go."""
+    """The fake caliband process for `scenario` (its ACP agents play `acp_script`); at the end
+    it gets SIGTERM and every other process `stop`, and the temp dirs go."""
     tmp = Path(short_tmpdir())
     runtime = short_tmpdir()
     root = canonical_root(str(make_git_repo(tmp / "app")))
@@ -109,9 +114,15 @@ async def fake_fleet(
     scen = tmp / "scenario.json"
     scen.write_bytes(scenario.model_dump_json().encode())
     fleet = Fleet(tmp=tmp, root=root, sock=sock, env=env)
+    extra: list[str] = []
+    if acp_script is not None:
+        acp_file = tmp / "acp-script.json"
+        acp_file.write_bytes(acp_script.to_json())
+        extra = ["--acp-script", str(acp_file)]
     cal = await asyncio.create_subprocess_exec(
         PYTHON, "-m", "prospero.testkit.fake_caliband", "--socket", sock,
         "--workspace-root", root, "--scenario", str(scen), "--data-base", str(tmp / "caliband"),
+        *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env,
     )  # fmt: skip
     fleet.procs.append(cal)

@@ -5,8 +5,11 @@ agent's lease within 2 x TTL of the kill; and per agent, over the whole run: seq
 duplicated events, 0 silent loss against the uncut normalisation of its transcript, exactly one
 agent_finished, whoever wrote each part.
 
-NDJSON agents only: ACP agents across replicas (steering and decisions routed to the owner,
-`session/load` on takeover) are not built yet (ADR 0012)."""
+Beside them a supervised, interactive ACP agent (tests/faults/acp_operator.py) is steered only
+through replicas that do not drive it: its permission request is answered and every input sent
+through a non-owner (the relay carries them to the owner). The first kill hits its owner mid-turn;
+the run must record that turn `turn_lost` exactly once, rejoin the session on the new owner, never
+prompt a turn twice, and go on being driven by one owner at a time."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 import httpx
@@ -25,6 +29,7 @@ from prospero.core.store.postgres.events import PostgresEventStore
 from prospero.core.wire.control import AgentRecord
 from prospero.testkit.faults import FaultPlan, Scenario, ScenarioAgent, ScriptSpec, wire_lines
 from prospero.types.events import FleetEvent
+from tests.faults.acp_operator import CHUNKS, TERMINAL, AcpOperator, acp_script, check_acp
 from tests.faults.history import check_run, report
 from tests.faults.procs import Fleet, fake_fleet, poll, transcript
 from tests.support import wait_until
@@ -77,7 +82,7 @@ class Rig:
         self.started += 1
         rid = f"r{self.started}"
         proc, url = await self.fleet.start_prosperod(
-            rid, "--data-dir", str(self.fleet.tmp / f"data-{rid}"),
+            rid, "--data-dir", str(self.fleet.tmp / f"data-{rid}"), "--allow-acp",
             "--database-url", self.dsn, "--replica-id", rid,
             "--lease-ttl-secs", str(TTL), "--heartbeat-interval-ms", str(BEAT_MS),
         )  # fmt: skip
@@ -105,7 +110,9 @@ class Rig:
 
 @pytest.fixture
 async def rig(monkeypatch: pytest.MonkeyPatch, pg_dsn: str) -> AsyncIterator[Rig]:
-    async with fake_fleet(monkeypatch, scenario(), stop=signal.SIGTERM) as fleet:
+    async with fake_fleet(
+        monkeypatch, scenario(), stop=signal.SIGTERM, acp_script=acp_script()
+    ) as fleet:
         yield Rig(fleet, pg_dsn)
 
 
@@ -125,6 +132,32 @@ async def test_sigkill_the_owner_replica_at_random_moments(rig: Rig) -> None:
             )
             assert r.status_code in (200, 201), r.text
             spawned[str(r.json()["agent_id"])] = prompt
+        r = await c.post(
+            "/api/workspaces/app/agents",
+            json={"prompt": "acp go", "isolation": "shared", "drive_protocol": "acp",
+                  "posture": "supervised", "interactive": True},
+        )  # fmt: skip
+        assert r.status_code == 201, r.text
+        acp = str(r.json()["agent_id"])
+    op = AcpOperator(acp, lambda: {k: v.url for k, v in rig.replicas.items()}, rig.holder)
+    decision: dict[str, Any] = {}
+
+    async def asked() -> bool:
+        nonlocal decision
+        async with httpx.AsyncClient(base_url=first.url, timeout=20) as c:
+            r = await c.get("/api/decisions", params={"agent": acp, "state": "pending"})
+        found = r.json()
+        decision = found[0] if found else {}
+        return bool(found)
+
+    await wait_until(asked, 30, interval=0.05, what="the ACP agent's permission request")
+    await asyncio.wait_for(op.answer(decision["id"]), 30)
+
+    async def acp_has(text: str) -> bool:
+        return text in "".join(e["kind"].get("chunk", "") for e in await op.events())
+
+    await wait_until(lambda: acp_has("T0.done"), 30, interval=0.05, what="the allowed edit")
+    driving = asyncio.create_task(op.drive())
     t0 = time.monotonic()
     kill_log: list[str] = []
     takeovers: list[float] = []
@@ -134,22 +167,36 @@ async def test_sigkill_the_owner_replica_at_random_moments(rig: Rig) -> None:
         live = [rec for a, rec in recs.items() if a in spawned and not rec.status.terminal]
         if not live:
             break
-        target = rng.choice(live)
+        # The first kill hits the ACP agent's owner mid-turn; later ones pick at random.
+        target_id = acp if not kill_log else rng.choice([*(r.id for r in live), acp])
 
-        async def owned(agent: str = target.id) -> str | None:
+        async def owned(agent: str = target_id) -> str | None:
             owner = await rig.holder(agent)
             return owner if owner in rig.replicas else None
 
-        await wait_until(owned, 20, interval=0.02, what=f"{target.id} driven")
-        # Let it stream a random stretch first.
-        mark = len(transcript(target)) + rng.randint(20, 150)
-        await poll(
-            lambda t=target, m=mark: (
-                len(transcript(t)) >= m or any(b'"RunEnd"' in ln for ln in transcript(t)[-1:])
-            ),
-            60,
-            "agent progress",
-        )
+        await wait_until(owned, 20, interval=0.02, what=f"{target_id} driven")
+        if target_id == acp:
+            # Mid-turn: some chunks of the turn in flight are stored, its end is not.
+            chunk = rng.randint(1, CHUNKS - 3)
+
+            async def mid_turn(j: int = chunk) -> bool:
+                events = await op.events()
+                ended = sum(e["kind"]["kind"] in TERMINAL for e in events)
+                text = "".join(e["kind"].get("chunk", "") for e in events)
+                return op.sent >= 1 and ended == op.sent and f"T{op.sent}.{j} " in text
+
+            await wait_until(mid_turn, 60, interval=0.02, what="the ACP agent mid-turn")
+        else:
+            target = recs[target_id]
+            # Let it stream a random stretch first.
+            mark = len(transcript(target)) + rng.randint(20, 150)
+            await poll(
+                lambda t=target, m=mark: (
+                    len(transcript(t)) >= m or any(b'"RunEnd"' in ln for ln in transcript(t)[-1:])
+                ),
+                60,
+                "agent progress",
+            )
         owner = await owned()
         assert owner is not None
         killed_at = time.monotonic()
@@ -157,7 +204,7 @@ async def test_sigkill_the_owner_replica_at_random_moments(rig: Rig) -> None:
         # A new replica takes the dead one's place (it joins whenever it is up).
         starting.append(asyncio.create_task(rig.start_replica()))
 
-        async def taken_over(agent: str = target.id, dead: str = owner) -> bool:
+        async def taken_over(agent: str = target_id, dead: str = owner) -> bool:
             now_owner = await rig.holder(agent)
             if now_owner is not None and now_owner != dead:
                 return True
@@ -165,19 +212,22 @@ async def test_sigkill_the_owner_replica_at_random_moments(rig: Rig) -> None:
 
         await wait_until(taken_over, 30, interval=0.02, what="takeover")
         took = time.monotonic() - killed_at
-        if not (await rig.records())[target.id].status.terminal:
+        if not (await rig.records())[target_id].status.terminal:
             takeovers.append(took)
-        kill_log.append(f"kill {len(kill_log) + 1}: {owner} (driving {target.id}), {took:.2f}s")
+        kill_log.append(f"kill {len(kill_log) + 1}: {owner} (driving {target_id}), {took:.2f}s")
     await asyncio.gather(*starting)
     assert len(kill_log) >= KILLS, f"agents ended after {len(kill_log)} kills"
+    op.stop.set()
+    await asyncio.wait_for(driving, 30)
+    await asyncio.wait_for(op.end(), 60)
     url = next(iter(rig.replicas.values())).url
 
     async def caught_up() -> bool:
         now = await rig.records()
-        if not all(now[a].status.terminal for a in spawned):
+        if not all(now[a].status.terminal for a in [*spawned, acp]):
             return False
         async with httpx.AsyncClient(base_url=url, timeout=20) as c:
-            for a in spawned:
+            for a in [*spawned, acp]:
                 r = await c.get(f"/api/agents/{a}/events")
                 if r.status_code != 200 or not any(
                     e["kind"]["kind"] == "agent_finished" for e in r.json()
@@ -211,11 +261,27 @@ async def test_sigkill_the_owner_replica_at_random_moments(rig: Rig) -> None:
         totals["gaps"] += run.gaps
         if run.problem is not None:
             problems.append(run.problem)
+    async with httpx.AsyncClient(base_url=url, timeout=20) as c:
+        acp_events = (await c.get(f"/api/agents/{acp}/events")).json()
+        decisions = (await c.get("/api/decisions", params={"agent": acp})).json()
+    problems += check_acp(acp_events)
+    acp_kinds = [e["kind"]["kind"] for e in acp_events]
+    lost = acp_kinds.count("turn_lost")
+    if lost < 1:
+        problems.append("acp: the kill mid-turn left no turn_lost")
+    if [(d["id"], d["state"], d["option_id"]) for d in decisions] != [
+        (decision["id"], "decided", "allow-once")
+    ]:
+        problems.append(f"acp: decisions {decisions}")
+    if "T0.done" not in "".join(e["kind"].get("chunk", "") for e in acp_events):
+        problems.append("acp: the answer given through a non-owner did not reach the agent")
     worst = max(takeovers, default=0.0)
     counts = " ".join(f"{k}={v}" for k, v in totals.items())
     summary = (
         f"FAULT-SUITE cluster-sigkill: replicas={REPLICAS} kills={len(kill_log)} {counts} "
-        f"ttl={TTL}s takeover_max={worst:.2f}s elapsed={elapsed:.1f}s"
+        f"ttl={TTL}s takeover_max={worst:.2f}s elapsed={elapsed:.1f}s "
+        f"acp_turns={sum(k in TERMINAL for k in acp_kinds)} acp_turns_lost={lost} "
+        f"acp_events={len(acp_events)} acp_routed={len(op.routed)}"
     )
     print()
     for k in kill_log:
