@@ -139,7 +139,7 @@ class AcpOperator:
                 if owner is not None and owner != owner_then and loop.time() - waiting_since > 3:
                     self.sent -= 1  # the input died queued in its old owner: send it again
                     waiting_since = None
-            await asyncio.sleep(0.05)  # the operator's pace
+            await asyncio.sleep(0.1)  # the operator's pace
 
     async def end(self) -> None:
         while True:

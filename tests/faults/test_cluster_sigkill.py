@@ -72,6 +72,8 @@ class Rig:
     dsn: str
     replicas: dict[str, Replica] = field(default_factory=dict)
     started: int = 0
+    conn: asyncpg.Connection | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def root(self) -> str:
@@ -99,13 +101,13 @@ class Rig:
         return await self.fleet.records()
 
     async def holder(self, key: str) -> str | None:
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            return await conn.fetchval(  # type: ignore[no-any-return]
+        # One connection for the whole run (a new one per look costs a server process).
+        if self.conn is None or self.conn.is_closed():
+            self.conn = await asyncpg.connect(self.dsn)
+        async with self.lock:
+            return await self.conn.fetchval(  # type: ignore[no-any-return]
                 "SELECT owner FROM leases WHERE key = $1 AND expires_at > now()", key
             )
-        finally:
-            await conn.close()
 
 
 @pytest.fixture
@@ -113,7 +115,12 @@ async def rig(monkeypatch: pytest.MonkeyPatch, pg_dsn: str) -> AsyncIterator[Rig
     async with fake_fleet(
         monkeypatch, scenario(), stop=signal.SIGTERM, acp_script=acp_script()
     ) as fleet:
-        yield Rig(fleet, pg_dsn)
+        rig = Rig(fleet, pg_dsn)
+        try:
+            yield rig
+        finally:
+            if rig.conn is not None:
+                await rig.conn.close()
 
 
 @pytest.mark.timeout(300)
@@ -185,7 +192,7 @@ async def test_sigkill_the_owner_replica_at_random_moments(rig: Rig) -> None:
                 text = "".join(e["kind"].get("chunk", "") for e in events)
                 return op.sent >= 1 and ended == op.sent and f"T{op.sent}.{j} " in text
 
-            await wait_until(mid_turn, 60, interval=0.02, what="the ACP agent mid-turn")
+            await wait_until(mid_turn, 60, interval=0.05, what="the ACP agent mid-turn")
         else:
             target = recs[target_id]
             # Let it stream a random stretch first.
