@@ -3,6 +3,7 @@ real throwaway PostgreSQL server, a fake caliband and scripted agents, the same 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -122,3 +123,38 @@ async def test_live_sse_on_postgres_arrives_through_the_doorbell(
     history = await stack.history(agent)
     assert seen == history[: len(seen)]
     assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))
+
+
+async def test_two_processes_booting_at_once_with_one_replica_id_one_is_refused(
+    pg_dsn: str, tmp_path: Any
+) -> None:
+    """Both find no live presence lease and both ask for it at the same instant: the lease is
+    held by the booting process (not the id), so exactly one gets it."""
+
+    def runtime(name: str) -> Runtime:
+        return Runtime(
+            DaemonConfig(
+                data_dir=tmp_path / name,
+                autostart=False,
+                database_url=pg_dsn,
+                replica_id="twin",
+                lease_ttl=1.0,
+            )
+        )
+
+    a, b = runtime("a"), runtime("b")
+    results = await asyncio.gather(a.start(), b.start(), return_exceptions=True)
+    try:
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(errors) == 1, results
+        assert isinstance(errors[0], StoreError) and "is in use" in str(errors[0])
+        up = a if results[0] is None else b
+        replicas = await up.cluster.replicas()
+        assert [(r.replica_id, r.this) for r in replicas] == [("twin", True)]
+        leases = await up.cluster.leases()
+        assert [(le.key, le.owner) for le in leases if le.key.startswith("replica:")] == [
+            ("replica:twin", "twin")
+        ]
+    finally:
+        await a.stop()
+        await b.stop()

@@ -10,6 +10,7 @@ is left). Standalone, the only replica is this one and there are no leases.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,16 @@ def default_replica_id() -> str:
     import os
 
     return os.environ.get("HOSTNAME") or socket.gethostname() or "prosperod-local"
+
+
+def _shown(lease: Lease) -> Lease:
+    """A presence lease is held by its process (`<id>@<boot nonce>`, so two processes with one
+    id cannot both hold it): shown as held by the replica id."""
+    if lease.key.startswith(REPLICA_PREFIX):
+        rid = lease.key[len(REPLICA_PREFIX) :]
+        if lease.owner.startswith(rid + "@"):
+            return dataclasses.replace(lease, owner=rid)
+    return lease
 
 
 @dataclass(frozen=True)
@@ -60,7 +71,9 @@ class ClusterInfo:
         if self.authority is None:
             return []
         now = await self.authority.now()
-        return [le for le in await self.authority.leases() if le.owner and le.expires_at > now]
+        return [
+            _shown(le) for le in await self.authority.leases() if le.owner and le.expires_at > now
+        ]
 
     async def owners(self, agent_ids: Sequence[str]) -> dict[str, str]:
         """Which replica drives each of `agent_ids` now: the holder of its live lease (keyed by

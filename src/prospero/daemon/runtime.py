@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import logging
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,6 +133,7 @@ class Runtime:
         self.manager: FleetManager | None = None
         self.decisions: DecisionService | None = None
         self._retention: RetentionTask | None = None
+        self._presence: LeaseKeeper | None = None  # clustered: this process's `replica:<id>`
         self.relay: PgRelay | None = None  # clustered: calls to the replica driving an agent
         self._warming: asyncio.Future[Any] | None = None
 
@@ -283,10 +285,21 @@ class Runtime:
                     ttl + beat,
                 )
             await asyncio.sleep(min(beat, max(0.05, holder.expires_at - now)))
+        # The presence lease is held by this *process* (`<id>@<boot nonce>`), not by the id:
+        # of two processes that boot at the same instant with one id, exactly one acquires it
+        # (the other finds it live under another owner). Agent and workspace leases are held
+        # by the replica id (a restarted replica continues under it).
+        presence = LeaseKeeper(
+            authority, f"{rid}@{uuid.uuid4().hex[:8]}", ttl=ttl, heartbeat=beat
+        )
+        if await presence.acquire(key) is None:  # taken meanwhile by the same id
+            await presence.close(release=False)
+            raise StoreError(
+                f"replica id {rid!r} is in use by another live prosperod: give every replica "
+                "its own --replica-id"
+            )
+        self._presence = presence
         keeper = LeaseKeeper(authority, rid, ttl=ttl, heartbeat=beat)
-        if await keeper.acquire(key) is None:  # (taken meanwhile by the same id)
-            await keeper.close(release=False)
-            raise StoreError(f"replica id {rid!r} is in use by another live prosperod")
         self.cluster = ClusterInfo("clustered", rid, "postgres", ttl, beat, authority)
         log.info(
             "joined the cluster on %s as replica %s (lease TTL %.1fs)", backend.where, rid, ttl
@@ -316,6 +329,9 @@ class Runtime:
             # After the last fenced write: hand every lease over now, not after the TTL.
             with contextlib.suppress(Exception):
                 await wait_for(self.ownership.close(), 10.0)
+        if self._presence is not None:
+            with contextlib.suppress(Exception):
+                await wait_for(self._presence.close(release=True), 5.0)
         if isinstance(self.bus, PgBus):
             await self.bus.close()
         if self.backend is not None:
