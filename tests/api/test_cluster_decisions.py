@@ -50,6 +50,8 @@ async def hard_crash(stack: Stack) -> None:
     rt = stack.runtime
     assert rt.manager is not None and rt.ownership is not None and rt.decisions is not None
     await rt.ownership.keeper.close(release=False)
+    if rt.presence is not None:  # the process's presence lease too
+        await rt.presence.close(release=False)
     rt.decisions.begin_shutdown()  # the asks its drivers abandon stay pending in the store
     relay = getattr(rt, "relay", None)  # calls routed to this replica go unanswered
     if relay is not None:

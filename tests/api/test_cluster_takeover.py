@@ -29,6 +29,10 @@ async def crash(stack: Stack) -> None:
     runtime = stack.runtime
     assert runtime.manager is not None and runtime.ownership is not None
     await runtime.ownership.keeper.close(release=False)  # no more renewals, no release
+    if runtime.presence is not None:  # the process's presence lease too
+        await runtime.presence.close(release=False)
+    if runtime.relay is not None:  # calls relayed to it go unanswered
+        await runtime.relay.close()
     await runtime.manager.stop()
     await stack.server.stop()
 

@@ -133,7 +133,7 @@ class Runtime:
         self.manager: FleetManager | None = None
         self.decisions: DecisionService | None = None
         self._retention: RetentionTask | None = None
-        self._presence: LeaseKeeper | None = None  # clustered: this process's `replica:<id>`
+        self.presence: LeaseKeeper | None = None  # clustered: this process's `replica:<id>`
         self.relay: PgRelay | None = None  # clustered: calls to the replica driving an agent
         self._warming: asyncio.Future[Any] | None = None
 
@@ -298,7 +298,7 @@ class Runtime:
                 f"replica id {rid!r} is in use by another live prosperod: give every replica "
                 "its own --replica-id"
             )
-        self._presence = presence
+        self.presence = presence
         keeper = LeaseKeeper(authority, rid, ttl=ttl, heartbeat=beat)
         self.cluster = ClusterInfo("clustered", rid, "postgres", ttl, beat, authority)
         log.info(
@@ -329,9 +329,9 @@ class Runtime:
             # After the last fenced write: hand every lease over now, not after the TTL.
             with contextlib.suppress(Exception):
                 await wait_for(self.ownership.close(), 10.0)
-        if self._presence is not None:
+        if self.presence is not None:
             with contextlib.suppress(Exception):
-                await wait_for(self._presence.close(release=True), 5.0)
+                await wait_for(self.presence.close(release=True), 5.0)
         if isinstance(self.bus, PgBus):
             await self.bus.close()
         if self.backend is not None:
