@@ -91,11 +91,9 @@ WITH u AS (
 )
 SELECT pg_notify('{DONE_CHANNEL}', id) FROM u
 """
-LOOK = (
-    "SELECT claimed_at IS NOT NULL AS taken, result::text AS result FROM relay_calls WHERE id = $1"
-)
 WITHDRAW = "DELETE FROM relay_calls WHERE id = $1 AND claimed_at IS NULL RETURNING id"
-FORGET = "DELETE FROM relay_calls WHERE id = $1"
+# The outcome, read and deleted in one statement (None: not answered yet).
+COLLECT = "DELETE FROM relay_calls WHERE id = $1 AND done_at IS NOT NULL RETURNING result::text"
 GC = "DELETE FROM relay_calls WHERE expires_at < now() - make_interval(secs => $1::float8)"
 
 
@@ -222,20 +220,16 @@ class PgRelay(PgComponentStore):
                 with contextlib.suppress(TimeoutError):
                     await wait_for(woken.wait(), max(0.0, min(self.heal_interval, left)))
                 woken.clear()
-                row = await self._fetchrow("reading a relayed call", LOOK, call.id)
-                if row is not None and row["result"] is not None:
-                    outcome = RelayOutcome.model_validate_json(row["result"])
-                    await self._exec("forgetting a relayed call", FORGET, call.id)
-                    return outcome.unwrap(target)
+                row = await self._fetchrow("collecting a call's outcome", COLLECT, call.id)
+                if row is not None:
+                    return RelayOutcome.model_validate_json(row["result"]).unwrap(target)
                 if loop.time() >= deadline:
                     withdrawn = await self._fetchrow("withdrawing a call", WITHDRAW, call.id)
                     if withdrawn is None:
                         # Taken meanwhile: one last look for its outcome.
-                        row = await self._fetchrow("reading a relayed call", LOOK, call.id)
-                        if row is not None and row["result"] is not None:
-                            outcome = RelayOutcome.model_validate_json(row["result"])
-                            await self._exec("forgetting a relayed call", FORGET, call.id)
-                            return outcome.unwrap(target)
+                        row = await self._fetchrow("collecting a call's outcome", COLLECT, call.id)
+                        if row is not None:
+                            return RelayOutcome.model_validate_json(row["result"]).unwrap(target)
                     raise RelayUnanswered(call, timeout, taken=withdrawn is None)
         finally:
             self._waiting.pop(call.id, None)
