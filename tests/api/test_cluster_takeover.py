@@ -6,10 +6,12 @@ written twice."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from prospero.core.cluster import replica_key
 from tests.api.conftest import SseReader, Stack, StackFactory, sse_headers
+from tests.cli.conftest import Cli
 from tests.support import wait_until
 
 TTL = 1.0
@@ -77,6 +79,15 @@ async def test_a_dead_replicas_agent_is_taken_over_and_continues_without_loss_or
 
         await wait_until(taken_over, 5 * TTL + 5.0, interval=0.05, what="takeover")
         assert await holder(other, replica_key(driver.runtime.cluster.replica_id)) is None
+        # `prospero cluster` (the real CLI, over HTTP) shows the takeover: the agent's lease
+        # under its new owner at epoch 2, the dead replica gone from the replicas alive.
+        dead = driver.runtime.cluster.replica_id
+        res = await asyncio.to_thread(Cli(other.url), "cluster")
+        assert res.exit_code == 0, res.output
+        rows = [line.split() for line in res.stdout.splitlines()]
+        assert [agent, me, "2"] == next(r for r in rows if r and r[0] == agent)[:3]
+        assert [me, "(this)"] in [r[:2] for r in rows]
+        assert not any(r and r[0] == dead for r in rows)
         r = await other.client.post(f"/api/agents/{agent}/input", json={"text": "hello there"})
         assert r.status_code in (200, 202, 204), r.text
         r = await other.client.post(f"/api/agents/{agent}/end-input")
