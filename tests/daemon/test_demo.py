@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -118,46 +119,59 @@ def test_demo_serves_a_fleet_and_stops_cleanly(demo: DemoProcess) -> None:
     for a in agents.values():
         assert a["id"] in demo.banner_text()
 
-    # The CLI works against it.
-    res = cli(url, "ls", "-o", "json")
-    assert res.returncode == 0, res.stderr
-    assert {w["name"] for w in json.loads(res.stdout)["workspaces"]} == names
+    # The CLI works against it. The four flows below are independent of each other, so they
+    # run concurrently (each CLI call is a process paying ~1 s of imports, and the follows wait
+    # for scripted agents at their pace): the same calls and assertions, ~2x less wall time.
+    def cli_ls() -> None:
+        res = cli(url, "ls", "-o", "json")
+        assert res.returncode == 0, res.stderr
+        assert {w["name"] for w in json.loads(res.stdout)["workspaces"]} == names
 
     # Follow runs to the end: a clean run with tools and costs, and a failed run.
-    res = cli(url, "follow", agents["refund-validation"]["id"])
-    assert res.returncode == 0, res.stderr
-    for needle in ("⚙ Grep", "✓ Grep", "⚙ Read", "⚙ Edit", "⚙ Bash", "✓ Bash  8 passed"):
-        assert needle in res.stdout, res.stdout
-    assert re.search(r"^\[finished\] EndOfTurn — \$\d+\.\d{4}, 5 turns, ", res.stdout, re.M)
+    def follow_clean_run() -> None:
+        res = cli(url, "follow", agents["refund-validation"]["id"])
+        assert res.returncode == 0, res.stderr
+        for needle in ("⚙ Grep", "✓ Grep", "⚙ Read", "⚙ Edit", "⚙ Bash", "✓ Bash  8 passed"):
+            assert needle in res.stdout, res.stdout
+        assert re.search(r"^\[finished\] EndOfTurn — \$\d+\.\d{4}, 5 turns, ", res.stdout, re.M)
 
-    res = cli(url, "follow", agents["migration-guide"]["id"])
-    assert res.returncode == 0, res.stderr
-    assert "[finished] ProviderError — " in res.stdout and "overloaded" in res.stdout
+    def follow_failed_run() -> None:
+        res = cli(url, "follow", agents["migration-guide"]["id"])
+        assert res.returncode == 0, res.stderr
+        assert "[finished] ProviderError — " in res.stdout and "overloaded" in res.stdout
 
-    flaky = httpx.get(f"{url}/api/agents/{agents['flaky-webhook-test']['id']}/events", timeout=10)
-    finished_tools = [e["kind"] for e in flaky.json() if e["kind"]["kind"] == "tool_finished"]
-    assert any(not k["ok"] for k in finished_tools)  # a failed tool is part of the show
+        flaky_id = agents["flaky-webhook-test"]["id"]
+        flaky = httpx.get(f"{url}/api/agents/{flaky_id}/events", timeout=10)
+        finished_tools = [e["kind"] for e in flaky.json() if e["kind"]["kind"] == "tool_finished"]
+        assert any(not k["ok"] for k in finished_tools)  # a failed tool is part of the show
 
     # The interactive agent waits for input, answers, and finishes on end-input.
-    inter = agents["changelog-pairing"]["id"]
-    wait_for(
-        lambda: httpx.get(f"{url}/api/agents/{inter}", timeout=5).json()["status"] == "idle",
-        30,
-        "interactive agent idle",
-    )
-    assert cli(url, "send", inter, "Both, please").returncode == 0
-    assert cli(url, "end-input", inter).returncode == 0
-    res = cli(url, "follow", inter)
-    assert res.returncode == 0, res.stderr
-    assert "echo: Both, please" in res.stdout and "[finished] EndOfTurn" in res.stdout
+    def interactive() -> None:
+        inter = agents["changelog-pairing"]["id"]
+        wait_for(
+            lambda: httpx.get(f"{url}/api/agents/{inter}", timeout=5).json()["status"] == "idle",
+            30,
+            "interactive agent idle",
+        )
+        assert cli(url, "send", inter, "Both, please").returncode == 0
+        assert cli(url, "end-input", inter).returncode == 0
+        res = cli(url, "follow", inter)
+        assert res.returncode == 0, res.stderr
+        assert "echo: Both, please" in res.stdout and "[finished] EndOfTurn" in res.stdout
 
     # Agents spawned during the demo play a scripted session too.
-    res = cli(url, "spawn", "payments-api", "Add a health endpoint", "-o", "json")
-    assert res.returncode == 0, res.stderr
-    new_id = json.loads(res.stdout)["agent_id"]
-    res = cli(url, "follow", new_id)
-    assert res.returncode == 0, res.stderr
-    assert "Add a health endpoint" in res.stdout and "[finished] EndOfTurn — $" in res.stdout
+    def spawned_session() -> None:
+        res = cli(url, "spawn", "payments-api", "Add a health endpoint", "-o", "json")
+        assert res.returncode == 0, res.stderr
+        new_id = json.loads(res.stdout)["agent_id"]
+        res = cli(url, "follow", new_id)
+        assert res.returncode == 0, res.stderr
+        assert "Add a health endpoint" in res.stdout and "[finished] EndOfTurn — $" in res.stdout
+
+    flows = (cli_ls, follow_clean_run, follow_failed_run, interactive, spawned_session)
+    with ThreadPoolExecutor(max_workers=len(flows)) as pool:
+        for f in [pool.submit(flow) for flow in flows]:
+            f.result()  # re-raises a flow's assertion error
 
     demo.proc.send_signal(signal.SIGTERM)
     assert demo.proc.wait(30) == 0, "".join(demo.stderr)
