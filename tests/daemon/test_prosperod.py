@@ -168,15 +168,19 @@ async def test_non_loopback_with_token_requires_auth(tmp_path: Path, cleanup: li
 async def test_config_errors_exit_2(tmp_path: Path, cleanup: list[Daemon]) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('colour = "blue"\n')
-    for args, needle in [
+    cases = [
         (("--config", str(bad)), "unknown setting 'colour'"),
         (("--poll-interval-ms", "soon"), "poll_interval_ms"),
         (("--caliband-addr", "h:1", "--caliband-token-file", str(bad)), "in clear"),
         (("--bogus-flag",), "unrecognized arguments"),
-    ]:
-        d = await spawn_daemon(tmp_path, "--addr", "127.0.0.1:0", *args)
-        cleanup.append(d)
-        assert await d.finish() == 2, args
+    ]
+    # The four daemons start at once (each pays ~2 s of imports before it reads its config)
+    # and each is judged on its own exit code and log.
+    daemons = [await spawn_daemon(tmp_path, "--addr", "127.0.0.1:0", *a) for a, _ in cases]
+    cleanup.extend(daemons)
+    codes = await asyncio.gather(*(d.finish() for d in daemons))
+    for (args, needle), d, code in zip(cases, daemons, codes, strict=True):
+        assert code == 2, args
         assert needle in d.log, (args, d.log)
 
 
