@@ -23,7 +23,17 @@ from prospero.testkit.fake_kube import FakeKube
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s"
 REPO = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl")
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
+
+
+@pytest.fixture
+def kubectl_present() -> None:
+    """Never skipped: a machine without kubectl fails these tests with what to install."""
+    assert KUBECTL is not None, (
+        "kubectl is missing: apt-get install kubernetes-client (.ci/run does)"
+    )
+
+
+needs_kubectl = pytest.mark.usefixtures("kubectl_present")
 
 G = "caliban.caliban-ai.dev"
 BASE = f"/apis/{G}/v1alpha1/namespaces/default/calibantasks"
@@ -43,7 +53,9 @@ def task(name: str, prompt: str = "fix the tests", **labels: str) -> dict[str, A
     }
 
 
-async def until(cond: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(
+    cond: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = 5.0
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
@@ -80,13 +92,23 @@ async def http(fake: FakeKube) -> AsyncIterator[httpx.AsyncClient]:
 
 class Kubectl:
     def __init__(self, tmp: Path) -> None:
-        self.base = [str(KUBECTL), "--kubeconfig", str(tmp / "kubeconfig"), "--cache-dir", str(tmp / "cache")]
+        self.base = [
+            str(KUBECTL),
+            "--kubeconfig",
+            str(tmp / "kubeconfig"),
+            "--cache-dir",
+            str(tmp / "cache"),
+        ]
         self.env = {**os.environ, "HOME": str(tmp)}
 
     async def __call__(self, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
-            *self.base, *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=self.env,
+            *self.base,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
         )
         out, err = await asyncio.wait_for(proc.communicate(stdin), 20)
         assert proc.returncode is not None
@@ -107,7 +129,9 @@ def kubectl(tmp_path: Path) -> Kubectl:
 
 
 @needs_kubectl
-async def test_kubectl_server_side_apply_get_watch_delete(fake_op: FakeKube, kubectl: Kubectl) -> None:
+async def test_kubectl_server_side_apply_get_watch_delete(
+    fake_op: FakeKube, kubectl: Kubectl
+) -> None:
     fake = fake_op
     http = httpx.AsyncClient(base_url=fake.url, timeout=5)
     out = await kubectl.ok("api-resources", f"--api-group={G}", "-o", "wide")
@@ -116,7 +140,11 @@ async def test_kubectl_server_side_apply_get_watch_delete(fake_op: FakeKube, kub
     assert row[5:7] == ["create,delete,deletecollection,get,list,patch,update,watch", "caliban"]
 
     manifest = str(FIXTURES / "calibantask-acp.yaml")
-    changed = (FIXTURES / "calibantask-acp.yaml").read_text().replace("add a changelog entry", "something else")
+    changed = (
+        (FIXTURES / "calibantask-acp.yaml")
+        .read_text()
+        .replace("add a changelog entry", "something else")
+    )
     out = await kubectl.ok("apply", "--server-side", "-f", manifest)
     assert out.strip() == f"calibantask.{G}/ct-0123456789abcdef serverside-applied"
 
@@ -128,15 +156,25 @@ async def test_kubectl_server_side_apply_get_watch_delete(fake_op: FakeKube, kub
     await until(running)
     doc = json.loads(await kubectl.ok("get", "calibantasks", "-o", "json", "--show-managed-fields"))
     (item,) = doc["items"]
-    assert item["spec"]["task"] == {"prompt": "add a changelog entry", "driveProtocol": "acp", "permissionPosture": "supervised"}
+    assert item["spec"]["task"] == {
+        "prompt": "add a changelog entry",
+        "driveProtocol": "acp",
+        "permissionPosture": "supervised",
+    }
     assert item["status"]["calibandEndpoint"] == "10.0.0.7:7443"
     meta = item["metadata"]
     assert meta["generation"] == 1 and meta["uid"] and meta["creationTimestamp"].endswith("Z")
     assert int(meta["resourceVersion"]) > 0
-    managers = {(m["manager"], m["operation"], m.get("subresource", "")) for m in meta["managedFields"]}
+    managers = {
+        (m["manager"], m["operation"], m.get("subresource", "")) for m in meta["managedFields"]
+    }
     assert managers == {("kubectl", "Apply", ""), ("caliban-operator", "Apply", "status")}
     kubectl_fields = next(m for m in meta["managedFields"] if m["manager"] == "kubectl")["fieldsV1"]
-    assert kubectl_fields["f:spec"]["f:task"] == {"f:driveProtocol": {}, "f:permissionPosture": {}, "f:prompt": {}}
+    assert kubectl_fields["f:spec"]["f:task"] == {
+        "f:driveProtocol": {},
+        "f:permissionPosture": {},
+        "f:prompt": {},
+    }
 
     # re-applying the same manifest changes nothing (no new revision)
     await kubectl.ok("apply", "--server-side", "-f", manifest)
@@ -144,12 +182,27 @@ async def test_kubectl_server_side_apply_get_watch_delete(fake_op: FakeKube, kub
     assert again["metadata"]["resourceVersion"] == meta["resourceVersion"]
 
     # another manager changing a field kubectl owns: the apiserver's conflict, then --force-conflicts
-    rc, _, err = await kubectl("apply", "--server-side", "--field-manager=ci", "-f", "-", stdin=changed.encode())
+    rc, _, err = await kubectl(
+        "apply", "--server-side", "--field-manager=ci", "-f", "-", stdin=changed.encode()
+    )
     assert rc == 1
-    assert err.startswith('error: Apply failed with 1 conflict: conflict with "kubectl": .spec.task.prompt')
-    await kubectl.ok("apply", "--server-side", "--field-manager=ci", "--force-conflicts", "-f", "-", stdin=changed.encode())
+    assert err.startswith(
+        'error: Apply failed with 1 conflict: conflict with "kubectl": .spec.task.prompt'
+    )
+    await kubectl.ok(
+        "apply",
+        "--server-side",
+        "--field-manager=ci",
+        "--force-conflicts",
+        "-f",
+        "-",
+        stdin=changed.encode(),
+    )
     forced = json.loads(await kubectl.ok("get", "ctask", "ct-0123456789abcdef", "-o", "json"))
-    assert forced["spec"]["task"]["prompt"] == "something else" and forced["metadata"]["generation"] == 2
+    assert (
+        forced["spec"]["task"]["prompt"] == "something else"
+        and forced["metadata"]["generation"] == 2
+    )
 
     rc, _, err = await kubectl("get", "calibantask", "nope")
     assert rc == 1
@@ -158,12 +211,23 @@ async def test_kubectl_server_side_apply_get_watch_delete(fake_op: FakeKube, kub
     # kubectl get -w sees a change made by someone else, then the deletion
     watching = len(fake.store.watchers)
     proc = await asyncio.create_subprocess_exec(
-        *kubectl.base, "get", "calibantasks", "--watch-only", "-o", "json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=kubectl.env,
+        *kubectl.base,
+        "get",
+        "calibantasks",
+        "--watch-only",
+        "-o",
+        "json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=kubectl.env,
     )
     try:
         await until(lambda: len(fake.store.watchers) > watching)
-        r = await http.patch(f"{BASE}/ct-0123456789abcdef", json={"metadata": {"labels": {"seen": "yes"}}}, headers=MERGE)
+        r = await http.patch(
+            f"{BASE}/ct-0123456789abcdef",
+            json={"metadata": {"labels": {"seen": "yes"}}},
+            headers=MERGE,
+        )
         assert r.status_code == 200
         out = await kubectl.ok("delete", "calibantask", "ct-0123456789abcdef")
         assert out.strip() == f'calibantask.{G} "ct-0123456789abcdef" deleted'
@@ -207,10 +271,15 @@ async def test_kubectl_applies_the_deploy_crds_to_an_empty_server(tmp_path: Path
         await kubectl.ok("apply", "-f", crds)
         out = await kubectl.ok("apply", "-f", crds)
         assert out.count("unchanged") == 2
-        bad = yaml.safe_dump(task("bad") | {"spec": {"task": {"prompt": "x", "driveProtocol": "grpc"}}})
+        bad = yaml.safe_dump(
+            task("bad") | {"spec": {"task": {"prompt": "x", "driveProtocol": "grpc"}}}
+        )
         rc, _, err = await kubectl("create", "-f", "-", stdin=bad.encode())
         assert rc == 1
-        assert 'spec.task.driveProtocol: Unsupported value: "grpc": supported values: "ndjson", "acp"' in err
+        assert (
+            'spec.task.driveProtocol: Unsupported value: "grpc": supported values: "ndjson", "acp"'
+            in err
+        )
         assert "spec.workspaceRef: Required value" in err
         await kubectl.ok("create", "-f", str(FIXTURES / "calibantask-acp.yaml"))
         out = await kubectl.ok("get", "ctask", "-o", "name")
@@ -243,15 +312,26 @@ async def test_status_bodies_of_failures(http: httpx.AsyncClient) -> None:
     r = await http.get(f"{BASE}/nope")
     assert r.status_code == 404
     assert r.json() == {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": f'calibantasks.{G} "nope" not found', "reason": "NotFound",
-        "details": {"name": "nope", "group": G, "kind": "calibantasks"}, "code": 404,
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f'calibantasks.{G} "nope" not found',
+        "reason": "NotFound",
+        "details": {"name": "nope", "group": G, "kind": "calibantasks"},
+        "code": 404,
     }
     assert (await http.post(BASE, json=task("a"))).status_code == 201
     r = await http.post(BASE, json=task("a"))
-    assert (r.status_code, r.json()["reason"], r.json()["message"]) == (409, "AlreadyExists", f'calibantasks.{G} "a" already exists')
+    assert (r.status_code, r.json()["reason"], r.json()["message"]) == (
+        409,
+        "AlreadyExists",
+        f'calibantasks.{G} "a" already exists',
+    )
     cur = (await http.get(f"{BASE}/a")).json()
-    assert (await http.put(f"{BASE}/a", json=cur | {"spec": cur["spec"] | {"tools": ["Edit"]}})).status_code == 200
+    assert (
+        await http.put(f"{BASE}/a", json=cur | {"spec": cur["spec"] | {"tools": ["Edit"]}})
+    ).status_code == 200
     r = await http.put(f"{BASE}/a", json=cur)  # stale resourceVersion
     assert r.status_code == 409 and r.json()["reason"] == "Conflict"
     assert r.json()["message"] == (
@@ -264,14 +344,29 @@ async def test_status_bodies_of_failures(http: httpx.AsyncClient) -> None:
     r = await http.post(BASE, json=task("b") | {"spec": {"task": {}}})
     body = r.json()
     assert r.status_code == 422 and body["reason"] == "Invalid"
-    assert body["message"] == f'CalibanTask.{G} "b" is invalid: [spec.workspaceRef: Required value, spec.task.prompt: Required value]'
-    assert {c["field"] for c in body["details"]["causes"]} == {"spec.workspaceRef", "spec.task.prompt"}
-    r = await http.patch(f"{BASE}/a", content=b"{}", headers={"content-type": "application/strategic-merge-patch+json"})
+    assert (
+        body["message"]
+        == f'CalibanTask.{G} "b" is invalid: [spec.workspaceRef: Required value, spec.task.prompt: Required value]'
+    )
+    assert {c["field"] for c in body["details"]["causes"]} == {
+        "spec.workspaceRef",
+        "spec.task.prompt",
+    }
+    r = await http.patch(
+        f"{BASE}/a",
+        content=b"{}",
+        headers={"content-type": "application/strategic-merge-patch+json"},
+    )
     assert r.status_code == 415 and r.json()["reason"] == "UnsupportedMediaType"
-    assert r.json()["message"].endswith("application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml")
+    assert r.json()["message"].endswith(
+        "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+    )
     r = await http.patch(f"{BASE}/a", content=json.dumps(task("a")), headers=APPLY)
     assert r.status_code == 400 and "fieldManager" in r.json()["message"]
-    r = await http.post("/api/v1/namespaces/ghost/secrets", json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}})
+    r = await http.post(
+        "/api/v1/namespaces/ghost/secrets",
+        json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}},
+    )
     assert r.status_code == 404 and r.json()["message"] == 'namespaces "ghost" not found'
     r = await http.delete(f"{BASE}/a")
     assert r.status_code == 200 and r.json()["kind"] == "CalibanTask"
@@ -279,26 +374,42 @@ async def test_status_bodies_of_failures(http: httpx.AsyncClient) -> None:
 
 async def test_list_resource_versions_selectors_and_pages(http: httpx.AsyncClient) -> None:
     for i in range(5):
-        assert (await http.post(BASE, json=task(f"t{i}", team="a" if i % 2 else "b"))).status_code == 201
+        assert (
+            await http.post(BASE, json=task(f"t{i}", team="a" if i % 2 else "b"))
+        ).status_code == 201
     lst = (await http.get(BASE)).json()
     assert lst["kind"] == "CalibanTaskList" and lst["apiVersion"] == f"{G}/v1alpha1"
-    assert lst["metadata"] == {"continue": "", "resourceVersion": lst["metadata"]["resourceVersion"]}
+    assert lst["metadata"] == {
+        "continue": "",
+        "resourceVersion": lst["metadata"]["resourceVersion"],
+    }
     assert [i["metadata"]["name"] for i in lst["items"]] == ["t0", "t1", "t2", "t3", "t4"]
     rv = lst["metadata"]["resourceVersion"]
     sel = (await http.get(BASE, params={"labelSelector": "team=a"})).json()
     assert [i["metadata"]["name"] for i in sel["items"]] == ["t1", "t3"]
-    sel = (await http.get(BASE, params={"labelSelector": "team in (b),team!=a", "fieldSelector": "metadata.name!=t0"})).json()
+    sel = (
+        await http.get(
+            BASE,
+            params={"labelSelector": "team in (b),team!=a", "fieldSelector": "metadata.name!=t0"},
+        )
+    ).json()
     assert [i["metadata"]["name"] for i in sel["items"]] == ["t2", "t4"]
     r = await http.get(BASE, params={"fieldSelector": "spec.x=1"})
     assert r.status_code == 400 and "field label not supported: spec.x" in r.json()["message"]
     assert (await http.delete(f"{BASE}/t0")).status_code == 200
-    exact = (await http.get(BASE, params={"resourceVersion": rv, "resourceVersionMatch": "Exact"})).json()
+    exact = (
+        await http.get(BASE, params={"resourceVersion": rv, "resourceVersionMatch": "Exact"})
+    ).json()
     assert len(exact["items"]) == 5 and exact["metadata"]["resourceVersion"] == rv
     page = (await http.get(BASE, params={"limit": "2"})).json()
     assert [i["metadata"]["name"] for i in page["items"]] == ["t1", "t2"]
     assert page["metadata"]["remainingItemCount"] == 2
-    nxt = (await http.get(BASE, params={"limit": "2", "continue": page["metadata"]["continue"]})).json()
-    assert [i["metadata"]["name"] for i in nxt["items"]] == ["t3", "t4"] and nxt["metadata"]["continue"] == ""
+    nxt = (
+        await http.get(BASE, params={"limit": "2", "continue": page["metadata"]["continue"]})
+    ).json()
+    assert [i["metadata"]["name"] for i in nxt["items"]] == ["t3", "t4"] and nxt["metadata"][
+        "continue"
+    ] == ""
 
 
 async def _events(resp: httpx.Response, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -326,18 +437,29 @@ async def test_watch_events_bookmarks_and_410(fake: FakeKube, http: httpx.AsyncC
         fake.bookmark()
         evs = await _events(resp, 4)
         assert [(e["type"], e["object"]["metadata"].get("name")) for e in evs] == [
-            ("MODIFIED", "w1"), ("ADDED", "w2"), ("DELETED", "w1"), ("BOOKMARK", None),
+            ("MODIFIED", "w1"),
+            ("ADDED", "w2"),
+            ("DELETED", "w1"),
+            ("BOOKMARK", None),
         ]
         bm = evs[-1]["object"]
-        assert bm == {"apiVersion": f"{G}/v1alpha1", "kind": "CalibanTask", "metadata": {"resourceVersion": str(fake.store.rv)}}
+        assert bm == {
+            "apiVersion": f"{G}/v1alpha1",
+            "kind": "CalibanTask",
+            "metadata": {"resourceVersion": str(fake.store.rv)},
+        }
         revs = [int(e["object"]["metadata"]["resourceVersion"]) for e in evs]
         assert revs[:3] == sorted(set(revs[:3])) and revs[0] > int(rv) and revs[3] == revs[2]
 
     # periodic bookmarks while nothing happens
     fake.app.bookmark_interval = 0.1
-    async with http.stream("GET", BASE, params={**params, "resourceVersion": str(fake.store.rv)}) as resp:
+    async with http.stream(
+        "GET", BASE, params={**params, "resourceVersion": str(fake.store.rv)}
+    ) as resp:
         (idle,) = await _events(resp, 1)
-    assert idle["type"] == "BOOKMARK" and idle["object"]["metadata"]["resourceVersion"] == str(fake.store.rv)
+    assert idle["type"] == "BOOKMARK" and idle["object"]["metadata"]["resourceVersion"] == str(
+        fake.store.rv
+    )
 
     # a resourceVersion older than the compacted history: 200, then one ERROR event with a 410
     fake.compact()
@@ -357,7 +479,13 @@ async def test_watch_events_bookmarks_and_410(fake: FakeKube, http: httpx.AsyncC
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in lines] == [("ADDED", "w2")]
 
     # streaming list: initial events end with an annotated bookmark
-    params = {"watch": "1", "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan", "allowWatchBookmarks": "true", "timeoutSeconds": "1"}
+    params = {
+        "watch": "1",
+        "sendInitialEvents": "true",
+        "resourceVersionMatch": "NotOlderThan",
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": "1",
+    }
     async with http.stream("GET", BASE, params=params) as resp:
         evs = await _events(resp, 2)
     assert evs[0]["type"] == "ADDED"
@@ -365,10 +493,14 @@ async def test_watch_events_bookmarks_and_410(fake: FakeKube, http: httpx.AsyncC
     assert evs[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
 
 
-async def test_watch_label_selector_turns_leaving_into_deleted(fake: FakeKube, http: httpx.AsyncClient) -> None:
+async def test_watch_label_selector_turns_leaving_into_deleted(
+    fake: FakeKube, http: httpx.AsyncClient
+) -> None:
     assert (await http.post(BASE, json=task("s1", team="a"))).status_code == 201
     rv = (await http.get(BASE)).json()["metadata"]["resourceVersion"]
-    async with http.stream("GET", BASE, params={"watch": "1", "resourceVersion": rv, "labelSelector": "team=a"}) as resp:
+    async with http.stream(
+        "GET", BASE, params={"watch": "1", "resourceVersion": rv, "labelSelector": "team=a"}
+    ) as resp:
         await until(lambda: len(fake.store.watchers) == 1)
         await http.patch(f"{BASE}/s1", json={"metadata": {"labels": {"team": "b"}}}, headers=MERGE)
         await http.patch(f"{BASE}/s1", json={"metadata": {"labels": {"team": "a"}}}, headers=MERGE)
@@ -376,16 +508,38 @@ async def test_watch_label_selector_turns_leaving_into_deleted(fake: FakeKube, h
     assert [e["type"] for e in evs] == ["DELETED", "ADDED"]
 
 
-async def test_server_side_apply_field_ownership_and_status(fake: FakeKube, http: httpx.AsyncClient) -> None:
-    body = task("ssa") | {"spec": {"workspaceRef": {"name": "app"}, "task": {"prompt": "p"}, "tools": ["Edit"]}}
-    r = await http.patch(f"{BASE}/ssa", params={"fieldManager": "prospero", "force": "true"}, content=yaml.safe_dump(body), headers=APPLY)
+async def test_server_side_apply_field_ownership_and_status(
+    fake: FakeKube, http: httpx.AsyncClient
+) -> None:
+    body = task("ssa") | {
+        "spec": {"workspaceRef": {"name": "app"}, "task": {"prompt": "p"}, "tools": ["Edit"]}
+    }
+    r = await http.patch(
+        f"{BASE}/ssa",
+        params={"fieldManager": "prospero", "force": "true"},
+        content=yaml.safe_dump(body),
+        headers=APPLY,
+    )
     assert r.status_code == 201
     first = r.json()
-    r = await http.patch(f"{BASE}/ssa", params={"fieldManager": "prospero"}, content=yaml.safe_dump(body), headers=APPLY)
-    assert r.status_code == 200 and r.json()["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    r = await http.patch(
+        f"{BASE}/ssa",
+        params={"fieldManager": "prospero"},
+        content=yaml.safe_dump(body),
+        headers=APPLY,
+    )
+    assert (
+        r.status_code == 200
+        and r.json()["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
+    )
     # a field the manager stops applying is removed; generation follows spec changes only
     del body["spec"]["tools"]
-    r = await http.patch(f"{BASE}/ssa", params={"fieldManager": "prospero"}, content=yaml.safe_dump(body), headers=APPLY)
+    r = await http.patch(
+        f"{BASE}/ssa",
+        params={"fieldManager": "prospero"},
+        content=yaml.safe_dump(body),
+        headers=APPLY,
+    )
     assert "tools" not in r.json()["spec"] and r.json()["metadata"]["generation"] == 2
     # status through the main resource is ignored; through /status it is the only thing taken
     r = await http.patch(f"{BASE}/ssa/status", json={"status": {"phase": "Running"}}, headers=MERGE)
@@ -394,7 +548,10 @@ async def test_server_side_apply_field_ownership_and_status(fake: FakeKube, http
     r = await http.put(f"{BASE}/ssa", json=cur | {"status": {"phase": "Failed"}})
     assert r.json()["status"]["phase"] == "Running"
     cur = r.json()
-    r = await http.put(f"{BASE}/ssa/status", json=cur | {"status": {"phase": "Completed"}, "spec": cur["spec"] | {"providerRef": "x"}})
+    r = await http.put(
+        f"{BASE}/ssa/status",
+        json=cur | {"status": {"phase": "Completed"}, "spec": cur["spec"] | {"providerRef": "x"}},
+    )
     assert r.status_code == 200
     done = r.json()
     assert done["status"]["phase"] == "Completed" and "providerRef" not in done["spec"]
@@ -402,9 +559,18 @@ async def test_server_side_apply_field_ownership_and_status(fake: FakeKube, http
     entry = next(m for m in done["metadata"]["managedFields"] if m["operation"] == "Update")
     assert entry["subresource"] == "status" and entry["manager"] == "python-httpx"
     # a spec the apply config gets wrong never reaches the object: structured-merge-diff's 500
-    bad = task("ssa") | {"spec": {"workspaceRef": {"name": "app"}, "task": {"prompt": "p"}, "bogus": 1}}
-    r = await http.patch(f"{BASE}/ssa", params={"fieldManager": "prospero"}, content=yaml.safe_dump(bad), headers=APPLY)
-    assert r.status_code == 500 and r.json()["message"].endswith(".spec.bogus: field not declared in schema")
+    bad = task("ssa") | {
+        "spec": {"workspaceRef": {"name": "app"}, "task": {"prompt": "p"}, "bogus": 1}
+    }
+    r = await http.patch(
+        f"{BASE}/ssa",
+        params={"fieldManager": "prospero"},
+        content=yaml.safe_dump(bad),
+        headers=APPLY,
+    )
+    assert r.status_code == 500 and r.json()["message"].endswith(
+        ".spec.bogus: field not declared in schema"
+    )
     assert "reason" not in r.json()
 
 
@@ -413,7 +579,9 @@ def test_standalone_prints_one_json_line_and_stops_on_sigterm(tmp_path: Path) ->
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "prospero.testkit.fake_kube", "--dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
