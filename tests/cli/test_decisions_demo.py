@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -52,13 +53,19 @@ def test_demo_supervised_agent_waits_for_approval(demo: DemoProcess) -> None:
     res = cli(url, "approve", d["id"], "--note", "demo approval")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == f"approved {d['id']} (Allow once: Edit src/app.py) as anonymous"
-    res = cli(url, "follow", agent["id"])
+    # The follow and the audit are independent once the approval is in: both CLI processes
+    # (~1.3 s of imports each) run at once.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        following = pool.submit(cli, url, "follow", agent["id"])
+        auditing = pool.submit(
+            cli, url, "decisions", "--state", "all", "--agent", agent["id"], "-o", "json"
+        )
+        res, audit = following.result(), auditing.result()
     assert res.returncode == 0, res.stderr
     assert "⏸ permission asked: Edit src/app.py (edit)" in res.stdout
     assert "✔ permission Edit src/app.py (edit): allowed (Allow once) by anonymous" in res.stdout
     assert "✓ Edit src/app.py" in res.stdout and "[finished] EndOfTurn" in res.stdout
 
-    audit = cli(url, "decisions", "--state", "all", "--agent", agent["id"], "-o", "json")
     [a] = json.loads(audit.stdout)
     assert (a["state"], a["decided_by"], a["note"], a["option_id"]) == (
         "decided",
