@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.faults.warm import STANDBY
 from tests.support import short_tmpdir
 
 PYTHON = sys.executable
@@ -81,6 +82,32 @@ async def spawn_daemon(tmp_path: Path, *args: str, **env: str) -> Daemon:
     return Daemon(proc)
 
 
+async def spawn_standby(tmp_path: Path, *args: str, **env: str) -> Daemon:
+    """Like `spawn_daemon`, but the process only imports prosperod's modules and waits for
+    `release()` before it runs `prospero.daemon.main.main(args)` (tests/faults/warm.py)."""
+    proc = await asyncio.create_subprocess_exec(
+        PYTHON,
+        "-c",
+        STANDBY,
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--no-autostart",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=_env(tmp_path, **env),
+    )
+    return Daemon(proc)
+
+
+async def release(d: Daemon) -> None:
+    assert d.proc.stdin is not None
+    d.proc.stdin.write(b"go\n")
+    await d.proc.stdin.drain()
+    d.proc.stdin.close()
+
+
 @pytest.fixture
 async def cleanup() -> AsyncIterator[list[Daemon]]:
     daemons: list[Daemon] = []
@@ -96,6 +123,10 @@ async def test_starts_serves_and_stops_cleanly_on_sigterm(
 ) -> None:
     d = await spawn_daemon(tmp_path, "--addr", "127.0.0.1:0", "--log-format", "json")
     cleanup.append(d)
+    # The restart below imports its modules meanwhile (~2.5 s): it touches nothing until
+    # released, after the first one stopped.
+    d2 = await spawn_standby(tmp_path, "--addr", "127.0.0.1:0")
+    cleanup.append(d2)
     url = await d.wait_url()
     async with httpx.AsyncClient(base_url=url, timeout=10) as c:
         r = await c.get("/healthz")
@@ -127,8 +158,7 @@ async def test_starts_serves_and_stops_cleanly_on_sigterm(
     assert any("stopped cleanly" in m for m in msgs)
     assert (tmp_path / "data" / "events.db").exists()
     # history survives a restart
-    d2 = await spawn_daemon(tmp_path, "--addr", "127.0.0.1:0")
-    cleanup.append(d2)
+    await release(d2)
     url = await d2.wait_url()
     async with httpx.AsyncClient(base_url=url, timeout=10) as c:
         assert [w["name"] for w in (await c.get("/api/workspaces")).json()] == ["ws"]
