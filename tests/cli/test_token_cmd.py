@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from prospero.cli.main import app as cli_app
 from prospero.core.tokens import Scope, add_token, hash_token, read_tokens_file
-from tests.daemon.test_prosperod import Daemon, spawn_daemon
+from tests.daemon.test_prosperod import Daemon, release, spawn_daemon, spawn_standby
 from tests.support import poll_until_sync
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "prospero"
@@ -78,21 +78,24 @@ def test_token_new_prints_once_and_stores_the_hash(tmp_path: Path) -> None:
 
 async def test_real_prosperod_accepts_cli_tokens(tmp_path: Path) -> None:
     f = tmp_path / "tokens"
-    res = await asyncio.to_thread(
-        run,
-        str(CONSOLE_SCRIPT),
-        "token",
-        "new",
-        "ops",
-        "--scope",
-        "operate",
-        "--tokens-file",
-        str(f),
-    )
-    assert res.returncode == 0, res.stderr
-    ops = res.stdout.strip()
-    d: Daemon = await spawn_daemon(tmp_path, "--addr", "127.0.0.1:0", "--api-tokens-file", str(f))
+    # prosperod imports its modules while the CLI writes the tokens file; it reads its config
+    # (and the file) only once released (a standby: tests/daemon/test_prosperod.py).
+    d: Daemon = await spawn_standby(tmp_path, "--addr", "127.0.0.1:0", "--api-tokens-file", str(f))
     try:
+        res = await asyncio.to_thread(
+            run,
+            str(CONSOLE_SCRIPT),
+            "token",
+            "new",
+            "ops",
+            "--scope",
+            "operate",
+            "--tokens-file",
+            str(f),
+        )
+        assert res.returncode == 0, res.stderr
+        ops = res.stdout.strip()
+        await release(d)
         url = await d.wait_url()
         async with httpx.AsyncClient(base_url=url, timeout=10) as c:
             assert (await c.get("/api/fleet")).status_code == 401
@@ -125,22 +128,24 @@ async def test_real_prosperod_accepts_cli_tokens(tmp_path: Path) -> None:
             )
             assert r.status_code == 201, r.text
 
-        # the CLI itself with and without the token
-        ok = await asyncio.to_thread(
-            run,
-            str(CONSOLE_SCRIPT),
-            "--addr",
-            url,
-            "--token",
-            ops,
-            "workspace",
-            "list",
-            "-o",
-            "json",
+        # the CLI itself with and without the token (two independent processes, run at once)
+        ok, denied = await asyncio.gather(
+            asyncio.to_thread(
+                run,
+                str(CONSOLE_SCRIPT),
+                "--addr",
+                url,
+                "--token",
+                ops,
+                "workspace",
+                "list",
+                "-o",
+                "json",
+            ),
+            asyncio.to_thread(run, str(CONSOLE_SCRIPT), "--addr", url, "ls"),
         )
         assert ok.returncode == 0, ok.stderr
         assert [w["name"] for w in json.loads(ok.stdout)] == ["ws"]
-        denied = await asyncio.to_thread(run, str(CONSOLE_SCRIPT), "--addr", url, "ls")
         assert denied.returncode != 0 and "401" in denied.stderr
         for tok in (ops, admin):
             assert tok not in d.log
@@ -160,10 +165,11 @@ async def test_bad_tokens_file_exits_2(tmp_path: Path) -> None:
 
 
 async def test_non_loopback_needs_a_token_or_insecure_no_auth(tmp_path: Path) -> None:
-    d = await spawn_daemon(tmp_path, "--addr", "0.0.0.0:0")
-    assert await d.finish() == 2
-    assert "--insecure-no-auth" in d.log
+    # Both prosperods start at once (independent: the refused one exits before any side effect).
+    refused = await spawn_daemon(tmp_path, "--addr", "0.0.0.0:0")
     d = await spawn_daemon(tmp_path, "--addr", "0.0.0.0:0", "--insecure-no-auth")
+    assert await refused.finish() == 2
+    assert "--insecure-no-auth" in refused.log
     try:
         url = await d.wait_url()
         assert url
