@@ -36,7 +36,6 @@ from prospero.core.relay.routing import OwnerRouting, RelayHandler
 from prospero.core.retention import RetentionTask
 from prospero.core.store.backend import StoreBackend, open_backend
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
-from prospero.core.store.postgres.db import PgDb
 
 if TYPE_CHECKING:
     from prospero.core.relay.postgres import PgRelay
@@ -181,7 +180,8 @@ class Runtime:
             # Requests that need an ACP agent's driver run on the replica that drives it.
             from prospero.core.relay.postgres import PgRelay
 
-            self.relay = PgRelay(PgDb(cfg.database_url, max_size=4), self.cluster.replica_id)
+            # Its own pool (closed with it).
+            self.relay = PgRelay(cfg.database_url, self.cluster.replica_id)
             routing = OwnerRouting(
                 self.relay, backend.leases, self.ownership, settle=min(30.0, cfg.lease_ttl + 2.0)
             )
@@ -289,9 +289,7 @@ class Runtime:
         # of two processes that boot at the same instant with one id, exactly one acquires it
         # (the other finds it live under another owner). Agent and workspace leases are held
         # by the replica id (a restarted replica continues under it).
-        presence = LeaseKeeper(
-            authority, f"{rid}@{uuid.uuid4().hex[:8]}", ttl=ttl, heartbeat=beat
-        )
+        presence = LeaseKeeper(authority, f"{rid}@{uuid.uuid4().hex[:8]}", ttl=ttl, heartbeat=beat)
         if await presence.acquire(key) is None:  # taken meanwhile by the same id
             await presence.close(release=False)
             raise StoreError(
