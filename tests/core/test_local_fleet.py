@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
 from prospero.core.fleet.local import LocalFleet
 from prospero.core.wire.control import SpawnSpec
 from prospero.types.model import RegisteredWorkspace
-from tests.conformance.fleet_provider import FleetProviderConformance
+from tests.conformance.fleet_provider import FleetExpectations, FleetProviderConformance
 from tests.core.fleet_fixtures import FleetEnv, fleet_env, local_fleet
 
 __all__ = ["fleet_env"]
@@ -21,12 +21,16 @@ class LocalHarness:
     env: FleetEnv
     provider: LocalFleet
     workspace: RegisteredWorkspace
+    expect: FleetExpectations = field(default_factory=FleetExpectations)
 
     def received_specs(self) -> list[SpawnSpec]:
         return list(self.env.fake.received_specs)
 
     async def make_unreachable(self) -> None:
         await self.env.fake.stop()
+
+    async def end(self, agent_id: str) -> None:
+        await self.provider.kill(self.workspace, agent_id)
 
     def long_running_spec(self, **overrides: object) -> SpawnSpec:
         data: dict[str, object] = {"initial_prompt": "long task", "isolation_worktree": False}

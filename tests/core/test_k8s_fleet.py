@@ -1,0 +1,298 @@
+"""K8sFleet against the fake Kubernetes API server (prospero.testkit.fake_kube) and its fake
+operator, whose "pods" are fake calibands on TCP + TLS + bearer token, one per CalibanTask:
+the FleetProvider suite, plus the CR name, the phase mapping, skewed CRs, spawn idempotence and
+error translation."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prospero.core.errors import AgentNotFound, InvalidState, TransportError
+from prospero.core.fleet.k8s import K8sFleet, spec_from_task
+from prospero.core.fleet.provider import FleetProvider
+from prospero.core.wire.control import SpawnSpec, TcpEndpoint
+from prospero.core.wire.k8s import CalibanTask, decode_items, phase_to_status, task_name
+from prospero.testkit import scripts
+from prospero.testkit.certs import make_certs
+from prospero.testkit.fake_caliband import FakeCaliband
+from prospero.testkit.fake_kube import FakeKube
+from prospero.testkit.fake_kube.operator import TASKS
+from prospero.types.model import AgentStatus, RegisteredWorkspace
+from tests.conformance.fleet_provider import FleetExpectations, FleetProviderConformance
+from tests.support import wait_until
+
+NS = "default"
+TOKEN = "pod-token-0123"
+CERTS = make_certs()
+
+
+def pod_script(spec: SpawnSpec) -> list[dict[str, Any] | str]:
+    if spec.initial_prompt.startswith("long"):
+        return [scripts.turn_start(0), scripts.sleep(3600), scripts.run_end()]
+    return list(scripts.default_script())
+
+
+@dataclass
+class K8sHarness:
+    kube: FakeKube
+    provider: K8sFleet
+    workspace: RegisteredWorkspace
+    pods: dict[str, FakeCaliband]
+    expect: FleetExpectations = field(
+        default_factory=lambda: FleetExpectations(
+            label_names_agent=False,
+            kill_keeps_record=False,
+            respawn_new_id=False,
+            rm_refuses_active=False,
+        )
+    )
+
+    def received_specs(self) -> list[SpawnSpec]:
+        """What reached the backend: the spec each CR in the API server stands for."""
+        tasks, _ = decode_items(CalibanTask, self.kube.store.items(TASKS, NS))
+        return [spec_from_task(t) for t in tasks]
+
+    async def make_unreachable(self) -> None:
+        await self.kube.stop()
+
+    async def end(self, agent_id: str) -> None:
+        assert self.kube.operator is not None
+        assert self.kube.operator.finish(NS, agent_id, "Completed") is not None
+
+    def long_running_spec(self, **overrides: object) -> SpawnSpec:
+        data: dict[str, object] = {"initial_prompt": "long task", "isolation_worktree": False}
+        data.update(overrides)
+        return SpawnSpec.model_validate(data)
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[K8sHarness]:
+    pods: dict[str, FakeCaliband] = {}
+
+    async def start_pod(task: dict[str, Any]) -> str:
+        """The operator's hook: one caliband "pod" per CalibanTask, TLS + token."""
+        name = task["metadata"]["name"]
+        pod = pods.get(name)
+        if pod is None:
+            pod = pods[name] = await FakeCaliband.start_tcp(
+                "127.0.0.1", 0, CERTS.cert_pem, CERTS.key_pem, TOKEN, script_for=pod_script
+            )
+        assert isinstance(pod.endpoint, TcpEndpoint)
+        return pod.endpoint.addr
+
+    files = CERTS.write(tmp_path / "tls")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    kube = FakeKube(operator=True, endpoint=start_pod)
+    await kube.start()
+    provider = K8sFleet(
+        NS,
+        kube.write_kubeconfig(tmp_path),
+        caliband_ca_file=files.ca,
+        caliband_token_file=token_file,
+        poll_interval=0.02,
+        restart_timeout=5,
+    )
+    try:
+        yield K8sHarness(kube, provider, RegisteredWorkspace(name="app", root=""), pods)
+    finally:
+        await provider.close()
+        for pod in pods.values():
+            with contextlib.suppress(Exception):
+                await pod.stop()
+        await kube.stop()
+
+
+class TestK8sFleet(FleetProviderConformance):
+    pass
+
+
+def test_k8sfleet_is_a_fleet_provider(harness: K8sHarness) -> None:
+    assert isinstance(harness.provider, FleetProvider)
+
+
+# --- pure functions ---------------------------------------------------------------------------
+
+
+def test_task_name_hashes_workspace_prompt_and_label() -> None:
+    # sha256(b"app\x00fix it\x00") — fixed so a change of the hash input is noticed
+    assert task_name("app", "fix it", None) == "ct-5c081db296e1e818"
+    assert task_name("app", "fix it", None) == task_name("app", "fix it", "")
+    assert task_name("app", "fix it", "x") != task_name("app", "fix it", None)
+    assert task_name("app", "fix it", None) != task_name("ap", "pfix it", None)
+    name = task_name("w", "p", "l")
+    assert len(name) == 19 and name.startswith("ct-") and int(name[3:], 16) >= 0
+
+
+@pytest.mark.parametrize(
+    ("phase", "status"),
+    [
+        ("", AgentStatus.spawning),
+        ("Pending", AgentStatus.spawning),
+        ("Provisioning", AgentStatus.spawning),
+        ("Running", AgentStatus.running),
+        ("Draining", AgentStatus.idle),
+        ("Completed", AgentStatus.done),
+        ("Failed", AgentStatus.failed),
+        ("Succeeded", AgentStatus.failed),
+        ("TimedOut", AgentStatus.failed),
+    ],
+)
+def test_phase_to_status(phase: str, status: AgentStatus) -> None:
+    assert phase_to_status(phase) == status
+
+
+def test_a_cr_round_trips_camel_case_and_tolerates_unknown_keys() -> None:
+    raw = {
+        "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
+        "kind": "CalibanTask",
+        "metadata": {"name": "ct-1", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {
+            "workspaceRef": {"name": "app"},
+            "providerRef": "main",
+            "task": {"prompt": "p", "interactive": True, "driveProtocol": "acp", "permissionPosture": "supervised"},
+            "tools": ["Edit"],
+            "future": {"x": 1},
+        },
+        "status": {
+            "phase": "Running",
+            "calibandEndpoint": "10.0.0.5:7070",
+            "sandboxRef": {"name": "sb"},
+            "conditions": [{"type": "Ready"}],
+            "resolvedWorkspace": {
+                "sources": [{"name": "s", "repo": "r", "path": "."}],
+                "provider": {"name": "main", "kind": "anthropic", "model": "m1"},
+            },
+        },
+    }
+    task = CalibanTask.model_validate(raw)
+    assert task.spec.task.drive_protocol == "acp" and task.drive_protocol == "acp"
+    assert task.spec.task.permission_posture == "supervised"
+    assert task.status is not None and task.status.resolved_workspace is not None
+    assert task.status.resolved_workspace.sources[0].ref == "main"
+    spec = spec_from_task(task)
+    assert (spec.label, spec.provider, spec.model, spec.tool_allowlist) == ("ct-1", "anthropic", "m1", ["Edit"])
+    assert spec.interactive and spec.drive_protocol == "acp" and not spec.isolation_worktree
+    body = task.apply_body()
+    assert "status" not in body and body["metadata"] == {"name": "ct-1", "namespace": "default"}
+    assert body["spec"]["workspaceRef"] == {"name": "app"}
+    assert body["spec"]["task"]["driveProtocol"] == "acp"
+    absent = CalibanTask.model_validate({**raw, "spec": {"workspaceRef": {"name": "a"}, "task": {"prompt": "p"}}})
+    assert absent.drive_protocol == "ndjson"  # absent ⇒ ndjson
+
+
+# --- against the fake API server --------------------------------------------------------------
+
+
+def cr(h: K8sHarness, name: str) -> dict[str, Any]:
+    obj = h.kube.store.get(TASKS, NS, name)
+    assert obj is not None
+    return obj
+
+
+async def test_spawn_applies_the_cr_and_is_idempotent(harness: K8sHarness) -> None:
+    h = harness
+    spec = h.long_running_spec(label="a", tool_allowlist=["Edit"], drive_protocol="acp")
+    first = await h.provider.spawn(h.workspace, spec, posture="supervised")
+    assert first.id == task_name("app", "long task", "a") and first.created
+    obj = cr(h, first.id)
+    assert obj["spec"] == {
+        "workspaceRef": {"name": "app"},
+        "task": {"prompt": "long task", "driveProtocol": "acp", "permissionPosture": "supervised"},
+        "tools": ["Edit"],
+    }  # interactive omitted when false, providerRef/isolation/agentType never written
+    managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
+    assert ("prospero", "Apply") in managers
+    again = await h.provider.spawn(h.workspace, spec, posture="supervised")
+    assert again.id == first.id and not again.created
+    assert len(h.kube.store.items(TASKS, NS)) == 1
+    rec = {r.id: r for r in await h.provider.list_agents(h.workspace)}[first.id]
+    assert rec.spec.drive_protocol == "acp"  # read back from the CR
+    task = await h.provider.get_task(h.workspace, first.id)
+    assert task.spec.task.permission_posture == "supervised"
+
+
+async def test_interactive_written_only_when_true(harness: K8sHarness) -> None:
+    h = harness
+    reply = await h.provider.spawn(h.workspace, h.long_running_spec(interactive=True))
+    assert cr(h, reply.id)["spec"]["task"] == {"prompt": "long task", "interactive": True, "driveProtocol": "ndjson"}
+
+
+async def test_a_skewed_cr_is_skipped_and_counted(harness: K8sHarness) -> None:
+    h = harness
+    good = await h.provider.spawn(h.workspace, h.long_running_spec())
+    # A CR written under another version of the CRD: `task` is not an object here.
+    h.kube.store.put(
+        TASKS,
+        {
+            "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
+            "kind": "CalibanTask",
+            "metadata": {"name": "ct-skewed", "namespace": NS, "uid": "u-1"},
+            "spec": {"workspaceRef": {"name": "app"}, "task": "do it"},
+        },
+        "ADDED",
+    )
+    assert [r.id for r in await h.provider.list_agents(h.workspace)] == [good.id]
+    assert h.provider.skipped_crs == 1
+
+
+async def test_only_the_workspace_s_crs_are_listed(harness: K8sHarness) -> None:
+    h = harness
+    mine = await h.provider.spawn(h.workspace, h.long_running_spec())
+    other_ws = RegisteredWorkspace(name="other", root="")
+    theirs = await h.provider.spawn(other_ws, h.long_running_spec())
+    assert mine.id != theirs.id
+    assert [r.id for r in await h.provider.list_agents(h.workspace)] == [mine.id]
+    with pytest.raises(AgentNotFound):
+        await h.provider.kill(h.workspace, theirs.id)
+
+
+async def test_attach_spawns_the_pod_agent_once_and_overlays_its_status(harness: K8sHarness) -> None:
+    h = harness
+    reply = await h.provider.spawn(h.workspace, h.long_running_spec(tool_allowlist=["Read"]))
+    with contextlib.suppress(InvalidState):  # may still be provisioning: refused, typed
+        await h.provider.attach(h.workspace, reply.id)
+
+    async def running() -> bool:
+        recs = await h.provider.list_agents(h.workspace)
+        return bool(recs) and recs[0].status == AgentStatus.running
+
+    await wait_until(running, 10, what="CR Running")
+    first = await h.provider.attach(h.workspace, reply.id)
+    again = await h.provider.attach(h.workspace, reply.id)
+    assert first == again and isinstance(first, TcpEndpoint)
+    pod = h.pods[reply.id]
+    assert [(s.label, s.initial_prompt, s.tool_allowlist) for s in pod.received_specs] == [
+        (reply.id, "long task", ["Read"])
+    ]
+    (pod_id,) = pod.agents
+    pod.set_status(pod_id, "idle")  # the pod's truth wins over the CR's perpetual Running
+    (rec,) = await h.provider.list_agents(h.workspace)
+    assert rec.status == AgentStatus.idle
+    pod.set_status(pod_id, "done")
+    with pytest.raises(InvalidState, match="ended"):
+        await h.provider.attach(h.workspace, reply.id)
+    await pod.stop()  # an unreachable pod keeps the CR-derived status
+    (rec,) = await h.provider.list_agents(h.workspace)
+    assert rec.status == AgentStatus.running
+
+
+async def test_kube_errors_are_translated(harness: K8sHarness, tmp_path: Path) -> None:
+    h = harness
+    with pytest.raises(AgentNotFound):
+        await h.provider.remove(h.workspace, "ct-0000000000000000", True)
+    await h.kube.stop()
+    for op in (
+        h.provider.list_agents(h.workspace),
+        h.provider.spawn(h.workspace, h.long_running_spec()),
+        h.provider.attach(h.workspace, "ct-x"),
+    ):
+        with pytest.raises(TransportError, match="Kubernetes API unreachable") as info:
+            await op
+        assert info.value.__cause__ is not None
