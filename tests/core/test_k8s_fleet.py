@@ -73,16 +73,20 @@ class K8sHarness:
 
 @pytest.fixture
 async def harness(tmp_path: Path) -> AsyncIterator[K8sHarness]:
-    pods: dict[str, FakeCaliband] = {}
+    pods: dict[str, FakeCaliband] = {}  # the current pod of each CR name
+    uids: dict[str, str] = {}
+    every_pod: list[FakeCaliband] = []
 
     async def start_pod(task: dict[str, Any]) -> str:
-        """The operator's hook: one caliband "pod" per CalibanTask, TLS + token."""
-        name = task["metadata"]["name"]
+        """The operator's hook: one caliband "pod" per CalibanTask incarnation, TLS + token."""
+        name, uid = task["metadata"]["name"], task["metadata"].get("uid", "")
         pod = pods.get(name)
-        if pod is None:
+        if pod is None or uids.get(name) != uid:
             pod = pods[name] = await FakeCaliband.start_tcp(
                 "127.0.0.1", 0, CERTS.cert_pem, CERTS.key_pem, TOKEN, script_for=pod_script
             )
+            uids[name] = uid
+            every_pod.append(pod)
         assert isinstance(pod.endpoint, TcpEndpoint)
         return pod.endpoint.addr
 
@@ -103,7 +107,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[K8sHarness]:
         yield K8sHarness(kube, provider, RegisteredWorkspace(name="app", root=""), pods)
     finally:
         await provider.close()
-        for pod in pods.values():
+        for pod in every_pod:
             with contextlib.suppress(Exception):
                 await pod.stop()
         await kube.stop()
@@ -276,11 +280,38 @@ async def test_attach_spawns_the_pod_agent_once_and_overlays_its_status(harness:
     (rec,) = await h.provider.list_agents(h.workspace)
     assert rec.status == AgentStatus.idle
     pod.set_status(pod_id, "done")
+    (rec,) = await h.provider.list_agents(h.workspace)
+    assert rec.status == AgentStatus.done
     with pytest.raises(InvalidState, match="ended"):
         await h.provider.attach(h.workspace, reply.id)
-    await pod.stop()  # an unreachable pod keeps the CR-derived status
+    await pod.stop()  # settled for this CR: its perpetual Running does not un-settle it
     (rec,) = await h.provider.list_agents(h.workspace)
-    assert rec.status == AgentStatus.running
+    assert rec.status == AgentStatus.done
+    # a respawn is a new incarnation of the same name: the settled status no longer applies
+    assert await h.provider.respawn(h.workspace, reply.id) == reply.id
+    (rec,) = await h.provider.list_agents(h.workspace)
+    assert not rec.status.terminal
+    await wait_until(running, 10, what="the new incarnation Running")
+    await h.provider.attach(h.workspace, reply.id)
+    assert h.pods[reply.id] is not pod and len(h.pods[reply.id].received_specs) == 1
+
+
+async def test_an_unreachable_pod_keeps_the_cr_status(harness: K8sHarness) -> None:
+    h = harness
+    reply = await h.provider.spawn(h.workspace, h.long_running_spec())
+
+    async def running() -> bool:
+        recs = await h.provider.list_agents(h.workspace)
+        return bool(recs) and recs[0].status == AgentStatus.running
+
+    await wait_until(running, 10, what="CR Running")
+    await h.provider.attach(h.workspace, reply.id)
+    pod = h.pods[reply.id]
+    (pod_id,) = pod.agents
+    pod.set_status(pod_id, "idle")
+    assert (await h.provider.list_agents(h.workspace))[0].status == AgentStatus.idle
+    await pod.stop()
+    assert (await h.provider.list_agents(h.workspace))[0].status == AgentStatus.running
 
 
 async def test_kube_errors_are_translated(harness: K8sHarness, tmp_path: Path) -> None:

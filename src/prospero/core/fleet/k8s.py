@@ -73,7 +73,7 @@ from prospero.core.wire.k8s import (
     phase_to_status,
     task_name,
 )
-from prospero.types.model import Posture, RegisteredWorkspace
+from prospero.types.model import AgentStatus, Posture, RegisteredWorkspace
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,11 @@ def spec_from_task(task: CalibanTask) -> SpawnSpec:
         interactive=bool(task.spec.task.interactive),
         drive_protocol=task.drive_protocol,
     )
+
+
+def _incarnation(task: CalibanTask) -> str:
+    """One run of a CR name: a re-applied CR (respawn) is a new object with a new uid."""
+    return task.metadata.uid or task.metadata.creation_timestamp or ""
 
 
 def record_from_task(task: CalibanTask) -> AgentRecord:
@@ -209,6 +214,9 @@ class K8sFleet:
         self.poll_interval = poll_interval
         self._client: AsyncClient | None = None
         self._attach_locks: dict[str, asyncio.Lock] = {}
+        # CR name -> (incarnation, terminal status its pod reported): see `_overlay`
+        self._settled: dict[str, tuple[str, AgentStatus]] = {}
+        self._all_names: set[str] = set()
         self.skipped_crs = 0  # CRs skipped so far because they do not decode (schema skew)
 
     # --- plumbing -------------------------------------------------------------------------
@@ -290,18 +298,29 @@ class K8sFleet:
     # --- FleetProvider ----------------------------------------------------------------------
 
     async def list_agents(self, ws: RegisteredWorkspace) -> list[AgentRecord]:
-        tasks = [t for t in await self._list_tasks() if t.spec.workspace_ref.name == ws.name]
+        every = await self._list_tasks()
+        self._all_names = {t.name for t in every}
+        tasks = [t for t in every if t.spec.workspace_ref.name == ws.name]
         records = [record_from_task(t) for t in tasks]
         await self._overlay(tasks, records)
         return records
 
     async def _overlay(self, tasks: list[CalibanTask], records: list[AgentRecord]) -> None:
-        """Pod truth over the CR's perpetual `Running` (§8.2): one bounded `list` per endpoint."""
+        """Pod truth over the CR's perpetual `Running` (§8.2): one bounded `list` per endpoint.
+
+        A terminal status the pod reported is kept for that CR incarnation (its uid): the CR's
+        `Running` must not un-settle it once the pod is gone or unreachable."""
         by_endpoint: dict[str, list[int]] = {}
         for i, t in enumerate(tasks):
+            settled = self._settled.get(t.name)
+            if settled is not None and settled[0] == _incarnation(t):
+                records[i].status = settled[1]
+                continue
             addr = t.status.caliband_endpoint if t.status else None
             if t.phase == "Running" and addr:
                 by_endpoint.setdefault(addr, []).append(i)
+        for gone in [n for n in self._settled if n not in self._all_names]:
+            del self._settled[gone]  # its CR was deleted
         if not by_endpoint:
             return
 
@@ -324,6 +343,8 @@ class K8sFleet:
                 rec = records[i]
                 rec.status = mine.status
                 rec.spec.interactive = mine.spec.interactive
+                if mine.status.terminal:
+                    self._settled[tasks[i].name] = (_incarnation(tasks[i]), mine.status)
 
     async def spawn(
         self, ws: RegisteredWorkspace, spec: SpawnSpec, *, posture: Posture | None = None
