@@ -17,7 +17,7 @@ from prospero.core.errors import AgentNotFound, InvalidState, TransportError
 from prospero.core.fleet.k8s import K8sFleet, spec_from_task
 from prospero.core.fleet.provider import FleetProvider
 from prospero.core.wire.control import SpawnSpec, TcpEndpoint
-from prospero.core.wire.k8s import CalibanTask, decode_items, phase_to_status, task_name
+from prospero.core.wire.k8s import CalibanTask, Workspace, decode_items, phase_to_status, task_name
 from prospero.testkit import scripts
 from prospero.testkit.certs import make_certs
 from prospero.testkit.fake_caliband import FakeCaliband
@@ -162,13 +162,15 @@ def test_a_cr_round_trips_camel_case_and_tolerates_unknown_keys() -> None:
             "providerRef": "main",
             "task": {"prompt": "p", "interactive": True, "driveProtocol": "acp", "permissionPosture": "supervised"},
             "tools": ["Edit"],
+            "isolation": {"runtimeClass": "gvisor", "worktrees": "per-source"},
             "future": {"x": 1},
         },
         "status": {
             "phase": "Running",
             "calibandEndpoint": "10.0.0.5:7070",
             "sandboxRef": {"name": "sb"},
-            "conditions": [{"type": "Ready"}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "permissionPosture": "autonomous",
             "resolvedWorkspace": {
                 "sources": [{"name": "s", "repo": "r", "path": "."}],
                 "provider": {"name": "main", "kind": "anthropic", "model": "m1"},
@@ -178,6 +180,7 @@ def test_a_cr_round_trips_camel_case_and_tolerates_unknown_keys() -> None:
     task = CalibanTask.model_validate(raw)
     assert task.spec.task.drive_protocol == "acp" and task.drive_protocol == "acp"
     assert task.spec.task.permission_posture == "supervised"
+    assert task.permission_posture == "autonomous"  # the operator-admitted one wins
     assert task.status is not None and task.status.resolved_workspace is not None
     assert task.status.resolved_workspace.sources[0].ref == "main"
     spec = spec_from_task(task)
@@ -327,3 +330,58 @@ async def test_kube_errors_are_translated(harness: K8sHarness, tmp_path: Path) -
         with pytest.raises(TransportError, match="Kubernetes API unreachable") as info:
             await op
         assert info.value.__cause__ is not None
+
+
+def test_workspace_mirror() -> None:
+    ws = Workspace.model_validate(
+        {
+            "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
+            "kind": "Workspace",
+            "metadata": {"name": "app", "generation": 3},
+            "spec": {
+                "displayName": "App",
+                "sources": [{"name": "app", "repo": "https://example.invalid/app.git", "path": "/work/app"}],
+                "providers": [
+                    {"name": "main", "kind": "anthropic", "credentialsRef": {"secretName": "s", "key": "k"}}
+                ],
+                "defaultProvider": "main",
+                "env": [{"name": "A", "value": "1"}],
+                "agentPolicy": {"future": True},
+            },
+            "status": {"phase": "Ready", "observedGeneration": 3, "message": "ok"},
+        }
+    )
+    assert ws.spec.sources[0].ref == "main"
+    assert ws.spec.providers[0].credentials_ref is not None
+    assert ws.spec.providers[0].credentials_ref.secret_name == "s"
+    assert ws.status is not None and ws.status.observed_generation == 3
+    wire = ws.to_wire()
+    assert wire["spec"]["defaultProvider"] == "main" and "agentPolicy" not in wire["spec"]
+    assert wire["spec"]["providers"][0]["credentialsRef"] == {"secretName": "s", "key": "k"}
+
+
+async def test_the_pod_is_dialled_with_tls_and_the_token(harness: K8sHarness, tmp_path: Path) -> None:
+    h = harness
+    reply = await h.provider.spawn(h.workspace, h.long_running_spec())
+
+    async def running() -> bool:
+        recs = await h.provider.list_agents(h.workspace)
+        return bool(recs) and recs[0].status == AgentStatus.running
+
+    await wait_until(running, 10, what="CR Running")
+    bad = tmp_path / "bad-token"
+    bad.write_text("not-the-token")
+    wrong = K8sFleet(
+        NS,
+        h.kube.write_kubeconfig(tmp_path / "other"),
+        caliband_ca_file=CERTS.write(tmp_path / "tls2").ca,
+        caliband_token_file=bad,
+    )
+    try:
+        with pytest.raises(TransportError):
+            await wrong.attach(h.workspace, reply.id)
+    finally:
+        await wrong.close()
+    assert h.pods[reply.id].auth_failures >= 1
+    assert h.pods[reply.id].received_specs == []
+    assert isinstance(await h.provider.attach(h.workspace, reply.id), TcpEndpoint)

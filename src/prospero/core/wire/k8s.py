@@ -58,7 +58,9 @@ class ObjectMeta(_Cr):
 
 class IsolationSpec(_Cr):
     runtime_class: str | None = None
-    worktrees: bool | None = None
+    # The operator's own type is a strategy string (e.g. `per-source`); the CRD shipped with
+    # the testkit declares a boolean. Both decode: Prospero never writes it.
+    worktrees: str | bool | None = None
 
 
 class SourceSpec(_Cr):
@@ -128,6 +130,8 @@ class CalibanTaskStatus(_Cr):
     caliband_endpoint: str | None = None
     sandbox_ref: SandboxRef | None = None
     resolved_workspace: ResolvedWorkspace | None = None
+    # The posture the operator admitted (it may refuse the one asked for in spec.task).
+    permission_posture: Posture | None = None
 
 
 class CalibanTask(_Cr):
@@ -149,6 +153,13 @@ class CalibanTask(_Cr):
     def drive_protocol(self) -> DriveProtocol:
         """Absent ⇒ ndjson (issue 13)."""
         return self.spec.task.drive_protocol or "ndjson"
+
+    @property
+    def permission_posture(self) -> Posture | None:
+        """What the agent runs under: the operator-admitted posture when it reported one,
+        else the one Prospero asked for in `spec.task`."""
+        admitted = self.status.permission_posture if self.status is not None else None
+        return admitted or self.spec.task.permission_posture
 
     def apply_body(self) -> dict[str, Any]:
         """The object Prospero server-side applies: identity and spec, never status."""
