@@ -278,7 +278,9 @@ class K8sFleet:
             )
 
     async def _delete(self, agent_id: str) -> None:
-        with _kube_errors(f"delete CalibanTask {agent_id}", agent_id):
+        """Idempotent: a CR already gone (deleted meanwhile) is not an error. Callers check that
+        the agent exists first (`_task_of`), so an unknown id is still AgentNotFound."""
+        with contextlib.suppress(AgentNotFound), _kube_errors(f"delete CalibanTask {agent_id}", agent_id):
             await self._api().delete(CalibanTaskResource, agent_id, namespace=self.namespace)
 
     def _pod(self, task: CalibanTask, timeout: float | None = None) -> CalibandClient:
@@ -396,8 +398,7 @@ class K8sFleet:
     async def respawn(self, ws: RegisteredWorkspace, agent_id: str) -> str:
         """§8.3 restart: delete, wait until the CR is gone, re-apply the same name (empty status)."""
         task = await self._task_of(ws, agent_id)
-        with contextlib.suppress(AgentNotFound):
-            await self._delete(agent_id)
+        await self._delete(agent_id)
         async for _ in self._polls(self.restart_timeout):
             if await self._get_task(agent_id) is None:
                 break
