@@ -11,10 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
+from lightkube import ApiError, ConfigError
 
-from prospero.core.errors import AgentNotFound, InvalidState, TransportError
-from prospero.core.fleet.k8s import K8sFleet, spec_from_task
+from prospero.core.errors import (
+    AgentNotFound,
+    Conflict,
+    InvalidConfig,
+    InvalidState,
+    NotFound,
+    ProtocolError,
+    TransportError,
+)
+from prospero.core.fleet.k8s import K8sFleet, _translate, spec_from_task
 from prospero.core.fleet.provider import FleetProvider
 from prospero.core.wire.control import SpawnSpec, TcpEndpoint
 from prospero.core.wire.k8s import CalibanTask, Workspace, decode_items, phase_to_status, task_name
@@ -385,3 +395,34 @@ async def test_the_pod_is_dialled_with_tls_and_the_token(harness: K8sHarness, tm
     assert h.pods[reply.id].auth_failures >= 1
     assert h.pods[reply.id].received_specs == []
     assert isinstance(await h.provider.attach(h.workspace, reply.id), TcpEndpoint)
+
+
+def _api_error(code: int, message: str = "boom") -> ApiError:
+    request = httpx2.Request("PATCH", "http://kube.invalid/apis/x")
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}
+    return ApiError(request=request, response=httpx2.Response(code, json=body, request=request))
+
+
+@pytest.mark.parametrize(
+    ("error", "name", "expected"),
+    [
+        (_api_error(404), "ct-1", AgentNotFound),
+        (_api_error(404), None, NotFound),
+        (_api_error(409), None, Conflict),
+        (_api_error(410), None, Conflict),
+        (_api_error(403), None, TransportError),
+        (_api_error(422), None, ProtocolError),
+        (_api_error(503), None, TransportError),
+        (httpx2.ConnectError("refused"), None, TransportError),
+        (ConfigError("no context"), None, InvalidConfig),
+    ],
+)
+def test_kubernetes_errors_become_prospero_errors(
+    error: Exception, name: str | None, expected: type[Exception]
+) -> None:
+    with pytest.raises(expected) as info:
+        _translate(error, "apply CalibanTask ct-1", name)
+    assert type(info.value).__module__ == "prospero.core.errors"
+    assert info.value.__cause__ is error
+    if isinstance(error, ApiError) and name is None:
+        assert "boom" in str(info.value)
