@@ -5,6 +5,7 @@ error translation."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import orjson
 import pytest
 from lightkube import ApiError, ConfigError
 
@@ -26,6 +28,7 @@ from prospero.core.errors import (
 )
 from prospero.core.fleet.k8s import K8sFleet, _translate, spec_from_task
 from prospero.core.fleet.provider import FleetProvider
+from prospero.core.transport import close_writer, open_endpoint, read_line
 from prospero.core.wire.control import SpawnSpec, TcpEndpoint
 from prospero.core.wire.k8s import CalibanTask, Workspace, decode_items, phase_to_status, task_name
 from prospero.testkit import scripts
@@ -284,6 +287,13 @@ async def test_attach_spawns_the_pod_agent_once_and_overlays_its_status(harness:
     first = await h.provider.attach(h.workspace, reply.id)
     again = await h.provider.attach(h.workspace, reply.id)
     assert first == again and isinstance(first, TcpEndpoint)
+    # the session plane: the per-agent stream, dialled with the provider's TLS + token
+    reader, writer = await open_endpoint(first, h.provider.security(h.workspace))
+    try:
+        line = await asyncio.wait_for(read_line(reader), 5)
+    finally:
+        await close_writer(writer)
+    assert line is not None and orjson.loads(line)["type"] == "TurnStart"
     pod = h.pods[reply.id]
     assert [(s.label, s.initial_prompt, s.tool_allowlist) for s in pod.received_specs] == [
         (reply.id, "long task", ["Read"])
