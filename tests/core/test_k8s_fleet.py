@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -436,3 +438,43 @@ def test_kubernetes_errors_become_prospero_errors(
     assert info.value.__cause__ is error
     if isinstance(error, ApiError) and name is None:
         assert "boom" in str(info.value)
+
+
+async def test_an_acp_task_reaches_the_pod_and_kubectl_shows_it(harness: K8sHarness, tmp_path: Path) -> None:
+    """Issue 13's "done when", the K8sFleet half: kubectl sees the CR Prospero applied with
+    `driveProtocol: acp`, and the pod's caliband is asked for an ACP agent."""
+    h = harness
+    reply = await h.provider.spawn(
+        h.workspace, h.long_running_spec(drive_protocol="acp"), posture="supervised"
+    )
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None, "kubectl is missing: apt-get install kubernetes-client (.ci/run does)"
+    proc = await asyncio.create_subprocess_exec(
+        kubectl,
+        "--kubeconfig",
+        str(h.kube.write_kubeconfig(tmp_path / "kubectl")),
+        "--cache-dir",
+        str(tmp_path / "kubectl" / "cache"),
+        "get",
+        "calibantasks",
+        "-o",
+        "json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "HOME": str(tmp_path / "kubectl")},  # nothing read from ~/.kube
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    (item,) = orjson.loads(out)["items"]
+    assert item["metadata"]["name"] == reply.id
+    assert item["spec"]["task"]["driveProtocol"] == "acp"
+    assert item["spec"]["task"]["permissionPosture"] == "supervised"
+
+    async def running() -> bool:
+        recs = await h.provider.list_agents(h.workspace)
+        return bool(recs) and recs[0].status == AgentStatus.running
+
+    await wait_until(running, 10, what="CR Running")
+    await h.provider.attach(h.workspace, reply.id)
+    (spec,) = h.pods[reply.id].received_specs
+    assert spec.drive_protocol == "acp" and spec.label == reply.id
