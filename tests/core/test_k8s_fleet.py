@@ -261,7 +261,10 @@ async def test_a_skewed_cr_is_skipped_and_counted(harness: K8sHarness) -> None:
         "ADDED",
     )
     assert [r.id for r in await h.provider.list_agents(h.workspace)] == [good.id]
-    assert h.provider.skipped_crs == 1
+    assert [r.id for r in await h.provider.list_agents(h.workspace)] == [good.id]
+    assert (h.provider.skipped_crs, h.provider.skipped_total) == (1, 2)
+    with pytest.raises(ProtocolError, match="does not match"):  # typed, not a crash
+        await h.provider.kill(h.workspace, "ct-skewed")
 
 
 async def test_only_the_workspace_s_crs_are_listed(harness: K8sHarness) -> None:

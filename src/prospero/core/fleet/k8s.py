@@ -6,10 +6,11 @@ name (`ct-<16 hex>`, `wire.k8s.task_name`); caliband's own id inside the pod is 
 demand and never leaves this module.
 
 - `list_agents(ws)`: the CRs whose `spec.workspaceRef.name` is the workspace, each decoded on its
-  own (a skewed CR is skipped and counted in `skipped_crs`), status from `status.phase` (§8.2),
-  then overlaid with the pod's truth: one caliband `list` per distinct `calibandEndpoint` of a
-  Running CR, bounded by `overlay_timeout` (750 ms), whose record supplies `status` and
-  `interactive`; a failed dial keeps the CR-derived status.
+  own (a skewed CR is skipped and counted: `skipped_crs`, `skipped_total`), status from
+  `status.phase` (§8.2), then overlaid with the pod's truth: one caliband `list` per distinct
+  `calibandEndpoint` of a Running CR, bounded by `overlay_timeout` (750 ms), whose record
+  supplies `status` and `interactive`; a failed dial keeps the CR-derived status, and a terminal
+  status the pod reported stays settled for that CR incarnation.
 - `spawn`: server-side apply (field manager `prospero`, forced) of the CR named from
   (workspace, prompt, label); returns at once with `created` telling whether the CR is new.
   `spec.task.driveProtocol` is always written (read back as `ndjson` when absent),
@@ -217,7 +218,9 @@ class K8sFleet:
         # CR name -> (incarnation, terminal status its pod reported): see `_overlay`
         self._settled: dict[str, tuple[str, AgentStatus]] = {}
         self._all_names: set[str] = set()
-        self.skipped_crs = 0  # CRs skipped so far because they do not decode (schema skew)
+        # CRs that do not decode (schema skew): skipped by the last listing, and ever
+        self.skipped_crs = 0
+        self.skipped_total = 0
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -242,7 +245,8 @@ class K8sFleet:
             async for obj in self._api().list(CalibanTaskResource, namespace=self.namespace):
                 raw.append(obj.to_dict())  # type: ignore[no-untyped-call]
         tasks, skipped = decode_items(CalibanTask, raw)
-        self.skipped_crs += skipped
+        self.skipped_crs = skipped
+        self.skipped_total += skipped
         return tasks
 
     async def _get_task(self, name: str) -> CalibanTask | None:
@@ -251,11 +255,9 @@ class K8sFleet:
                 obj = await self._api().get(CalibanTaskResource, name, namespace=self.namespace)
         except AgentNotFound:
             return None
-        except ProsperoError:
-            raise
         tasks, skipped = decode_items(CalibanTask, [obj.to_dict()])  # type: ignore[no-untyped-call]
         if not tasks:
-            self.skipped_crs += skipped
+            self.skipped_total += skipped
             raise ProtocolError(f"CalibanTask {name} does not match this Prospero's CRD mirror")
         return tasks[0]
 
