@@ -481,3 +481,165 @@ async def test_an_acp_task_reaches_the_pod_and_kubectl_shows_it(harness: K8sHarn
     await h.provider.attach(h.workspace, reply.id)
     (spec,) = h.pods[reply.id].received_specs
     assert spec.drive_protocol == "acp" and spec.label == reply.id
+
+
+# --- the list + watch cache -------------------------------------------------------------------
+
+
+@dataclass
+class Watched:
+    kube: FakeKube
+    provider: K8sFleet
+    workspace: RegisteredWorkspace
+
+    def lists(self) -> int:
+        """LIST requests for CalibanTasks the fake server received (watches excluded)."""
+        return sum(
+            1
+            for method, path in self.kube.app.requests
+            if method == "GET" and path.split("?")[0].endswith("/calibantasks") and "watch=" not in path
+        )
+
+    def watches(self) -> list[str]:
+        return [p for m, p in self.kube.app.requests if m == "GET" and "watch=" in p]
+
+    def put(self, name: str, *, ws: str = "app", ns: str = NS, phase: str | None = None, skewed: bool = False) -> None:
+        """Another client's write (it reaches watchers as ADDED or MODIFIED)."""
+        obj: dict[str, Any] = {
+            "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
+            "kind": "CalibanTask",
+            "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}"},
+            "spec": {"workspaceRef": {"name": ws}, "task": "do it" if skewed else {"prompt": name}},
+        }
+        if phase is not None:
+            obj["status"] = {"phase": phase}
+        exists = self.kube.store.get(TASKS, ns, name) is not None
+        self.kube.store.put(TASKS, obj, "MODIFIED" if exists else "ADDED")
+
+    async def listed(self) -> dict[str, AgentStatus]:
+        return {r.id: r.status for r in await self.provider.list_agents(self.workspace)}
+
+    async def watching(self, n: int = 1) -> None:
+        """Until the provider's `n`th WATCH is open on the server."""
+        await wait_until(lambda: len(self.watches()) == n and len(self.kube.store.watchers) == 1, 5)
+
+
+@pytest.fixture
+async def watched(tmp_path: Path) -> AsyncIterator[Watched]:
+    """The fake API server without its operator (nothing writes but the test), and a K8sFleet."""
+    kube = FakeKube()
+    await kube.start()
+    provider = K8sFleet(NS, kube.write_kubeconfig(tmp_path), request_timeout=5)
+    provider.cache.backoff_initial = 0.02
+    provider.cache.backoff_max = 0.2
+    try:
+        yield Watched(kube, provider, RegisteredWorkspace(name="app", root=""))
+    finally:
+        await provider.close()
+        await kube.stop()
+
+
+async def test_other_clients_changes_reach_the_listing_without_another_list(watched: Watched) -> None:
+    w, cache = watched, watched.provider.cache
+    w.put("ct-a")
+    assert await w.listed() == {"ct-a": AgentStatus.spawning}
+    assert w.lists() == 1 and cache.lists == 1 and cache.ready
+    await w.watching()
+    (watch,) = w.watches()
+    assert "allowWatchBookmarks=true" in watch and "timeoutSeconds=" in watch
+    assert f"resourceVersion={cache.resource_version}" in watch
+    cache.changed.clear()
+    w.put("ct-b")  # created
+    await wait_until(lambda: "ct-b" in cache.tasks, 5)
+    assert cache.changed.is_set()
+    w.put("ct-a", phase="Running")  # changed
+    w.put("ct-elsewhere", ws="other")  # another workspace's
+    w.kube.store.remove(TASKS, NS, "ct-b")  # deleted
+    await wait_until(lambda: "ct-b" not in cache.tasks, 5)
+    assert await w.listed() == {"ct-a": AgentStatus.running}
+    assert cache.resource_version == str(w.kube.store.rv)
+    # the provider's own writes are read back at once, still without a LIST
+    reply = await w.provider.spawn(w.workspace, SpawnSpec(initial_prompt="mine", isolation_worktree=False))
+    assert reply.created and reply.id in await w.listed()
+    await w.provider.kill(w.workspace, reply.id)
+    assert reply.id not in await w.listed()
+    assert w.lists() == 1 and cache.lists == 1 and len(w.watches()) == 1
+
+
+async def test_bookmarks_advance_the_resource_version(watched: Watched) -> None:
+    w, cache = watched, watched.provider.cache
+    await w.listed()
+    await w.watching()
+    w.put("ct-x", ns="elsewhere")  # a revision this namespace's watch never sees
+    await asyncio.sleep(0.05)
+    assert cache.resource_version == str(w.kube.store.rv - 1)
+    w.kube.bookmark()
+    await wait_until(lambda: cache.bookmarks == 1, 5)
+    assert cache.resource_version == str(w.kube.store.rv)
+    assert cache.lists == 1 and cache.tasks == {}
+
+
+async def test_a_cut_watch_resumes_and_a_compacted_one_relists_missing_nothing(watched: Watched) -> None:
+    w, cache = watched, watched.provider.cache
+    w.put("ct-a")
+    w.put("ct-b")
+    await w.listed()
+    await w.watching()
+    # a cut: re-watched from the last resourceVersion, the change made meanwhile replayed once
+    w.kube.cut_watches()
+    w.put("ct-c")
+    await wait_until(lambda: "ct-c" in cache.tasks, 5)
+    await w.watching(2)
+    assert (cache.lists, cache.expired) == (1, 0)
+    # a cut, changes nobody watched, then the history is compacted: the re-watch gets the
+    # in-stream 410 and the loop relists
+    w.kube.cut_watches()
+    w.put("ct-a", phase="Running")
+    w.kube.store.remove(TASKS, NS, "ct-b")
+    w.put("ct-d")
+    w.kube.compact()
+    await wait_until(lambda: cache.lists == 2 and cache.ready, 5)
+    assert cache.expired == 1
+    assert await w.listed() == {
+        "ct-a": AgentStatus.running,
+        "ct-c": AgentStatus.spawning,
+        "ct-d": AgentStatus.spawning,
+    }
+    assert cache.resource_version == str(w.kube.store.rv)
+    w.put("ct-e")  # and it watches on from the relist
+    await wait_until(lambda: "ct-e" in cache.tasks, 5)
+    assert w.lists() == 2
+
+
+async def test_a_skewed_cr_in_a_watch_event_is_skipped_and_counted(watched: Watched) -> None:
+    w, cache = watched, watched.provider.cache
+    w.put("ct-good")
+    await w.listed()
+    await w.watching()
+    w.put("ct-skewed", skewed=True)
+    await wait_until(lambda: cache.skipped_events == 1, 5)
+    assert await w.listed() == {"ct-good": AgentStatus.spawning}
+    assert (w.provider.skipped_crs, w.provider.skipped_total) == (1, 1)
+    w.put("ct-good", phase="Running")  # the watch goes on after the skewed event
+    await wait_until(lambda: cache.tasks["ct-good"].phase == "Running", 5)
+    w.put("ct-skewed")  # fixed: it decodes now
+    await wait_until(lambda: "ct-skewed" in cache.tasks, 5)
+    assert set(await w.listed()) == {"ct-good", "ct-skewed"}
+    assert (w.provider.skipped_crs, w.provider.skipped_total) == (0, 1)
+    assert cache.lists == 1 and cache.ready
+
+
+async def test_an_unreachable_api_server_fails_the_listing_and_close_leaves_no_task(watched: Watched) -> None:
+    w, cache = watched, watched.provider.cache
+    w.put("ct-a")
+    assert set(await w.listed()) == {"ct-a"}
+    task = cache._task
+    assert task is not None and not task.done()
+    await w.kube.stop()  # its watch streams end; the re-watch is refused, and backs off
+    await wait_until(lambda: cache.error is not None, 5)
+    with pytest.raises(TransportError, match="Kubernetes API unreachable") as info:
+        await w.provider.list_agents(w.workspace)
+    assert info.value.__cause__ is not None
+    await w.provider.close()
+    assert task.done() and cache._task is None
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("k8s-watch-")]

@@ -5,7 +5,10 @@ One CalibanTask ⇒ one pod ⇒ one caliband ⇒ at most one agent. Prospero's a
 name (`ct-<16 hex>`, `wire.k8s.task_name`); caliband's own id inside the pod is looked up on
 demand and never leaves this module.
 
-- `list_agents(ws)`: the CRs whose `spec.workspaceRef.name` is the workspace, each decoded on its
+- `list_agents(ws)`: the CRs whose `spec.workspaceRef.name` is the workspace, read from the
+  namespace's `TaskCache` (one list + watch loop, started by the first listing, stopped by
+  `close`; a direct LIST only until it has listed, while its watch fails, or when it has not
+  echoed this provider's own write within `sync_wait`), each decoded on its
   own (a skewed CR is skipped and counted: `skipped_crs`, `skipped_total`), status from
   `status.phase` (§8.2), then overlaid with the pod's truth: one caliband `list` per distinct
   `calibandEndpoint` of a Running CR, bounded by `overlay_timeout` (750 ms), whose record
@@ -36,12 +39,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+import random
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import httpx2
+import orjson
 from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig, LoadResourceError
+from lightkube.core.exceptions import NotReadyError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
@@ -168,8 +174,286 @@ def _kube_errors(what: str, name: str | None = None) -> Iterator[None]:
         _translate(e, what, name)
 
 
+class _Gone(Exception):
+    """The watch's resourceVersion is older than the server's history (410 Gone): relist."""
+
+
+def _rv_int(rv: str | None) -> int | None:
+    """resourceVersions are opaque to clients, but an apiserver's are etcd revisions (decimal
+    integers); only used to tell when the cache has seen this provider's own writes."""
+    try:
+        return int(rv) if rv else None
+    except ValueError:
+        return None
+
+
+class TaskCache:
+    """The namespace's CalibanTasks, kept by one list + watch loop (client-go's reflector, small).
+
+    LIST (its `metadata.resourceVersion`), then WATCH from it (`allowWatchBookmarks`,
+    `timeoutSeconds`), applying ADDED/MODIFIED/DELETED to `tasks`, each object decoded on its own
+    (one that does not match the mirror is dropped into `skewed` and counted in
+    `skipped_events`). A BOOKMARK only advances `resource_version`. A stream that ends cleanly
+    (its timeout, a server restart) is re-watched from `resource_version`; a 410 Gone (an HTTP
+    410 or an in-stream ERROR event with code 410) relists (`expired`); anything else (connection
+    refused, a 5xx, an undecodable line) sets `error` and backs off exponentially
+    (`backoff_initial` doubling up to `backoff_max`, jittered) before resuming from the last
+    resourceVersion. `ready` = listed and not failing since: only then is the cache served.
+
+    The WATCH is sent through lightkube's request layer (`GenericAsyncClient.prepare_request`,
+    `send`): `AsyncClient.watch` takes no `allowWatchBookmarks`, and re-watches on its own after
+    a clean end, hiding what this loop has to see.
+
+    The provider's own writes are read back: `expect_rv` (an apply's resourceVersion) and
+    `expect_gone` (a delete) make `caught_up()` false until the watch has delivered them."""
+
+    backoff_initial = 0.1
+    backoff_max = 10.0
+    watch_timeout = 300  # seconds: each WATCH's `timeoutSeconds`
+    sync_wait = 2.0  # how long a listing waits for the loop before listing directly
+
+    def __init__(self, api: Callable[[], AsyncClient], namespace: str, request_timeout: float) -> None:
+        self._api = api
+        self.namespace = namespace
+        self.request_timeout = request_timeout
+        self.tasks: dict[str, CalibanTask] = {}
+        self.skewed: set[str] = set()  # names of CRs present that do not decode
+        self.resource_version: str | None = None
+        self.synced = False
+        self.error: ProsperoError | None = None
+        # set whenever the cache changes; never cleared here (a consumer clears it)
+        self.changed = asyncio.Event()
+        self.lists = 0  # LISTs done by the loop
+        self.expired = 0  # 410 Gone: relists forced
+        self.bookmarks = 0
+        self.skipped_events = 0  # watch events whose object did not decode
+        self._failures = 0
+        self._want_rv = 0
+        self._gone: dict[str, str | None] = {}  # deleted by this provider: name -> uid
+        self._tick = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def ready(self) -> bool:
+        return self.synced and self.error is None and self.running
+
+    def start(self) -> None:
+        if not self.running:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"k8s-watch-{self.namespace}"
+            )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.synced = False
+        self.resource_version = None
+
+    def wake(self) -> None:
+        """Cut a backoff short (the API server answered someone else)."""
+        self._wake.set()
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[list[CalibanTask], int]:
+        return [self.tasks[n] for n in sorted(self.tasks)], len(self.skewed)
+
+    def expect_rv(self, rv: str | None) -> None:
+        n = _rv_int(rv)
+        if n is not None and self.running:
+            self._want_rv = max(self._want_rv, n)
+
+    def expect_gone(self, name: str, uid: str | None) -> None:
+        if self.running:
+            self._gone[name] = uid
+
+    def forget_expectations(self) -> None:
+        self._want_rv = 0
+        self._gone.clear()
+
+    def caught_up(self) -> bool:
+        if self._want_rv and (_rv_int(self.resource_version) or 0) < self._want_rv:
+            return False
+        for name, uid in list(self._gone.items()):
+            t = self.tasks.get(name)
+            if t is None or (uid and t.metadata.uid != uid) or t.metadata.deletion_timestamp:
+                del self._gone[name]
+            else:
+                return False
+        self._want_rv = 0
+        return True
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            tick = self._tick
+            with contextlib.suppress(TimeoutError):
+                await wait_for(tick.wait(), left)
+        return True
+
+    def _notify(self, changed: bool) -> None:
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
+        if changed:
+            self.changed.set()
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            immediate = False
+            try:
+                if self.resource_version is None:
+                    await self._list()
+                # progress resets the failures; a stream that ends at once with nothing does not
+                self._failures = 0 if await self._watch() else self._failures + 1
+            except _Gone as e:
+                log.info("CalibanTask watch in %s expired (%s): relisting", self.namespace, e)
+                self.expired += 1
+                self.synced = False
+                self.resource_version = None
+                immediate = self._failures == 0  # at once, unless expiring again without progress
+                self._failures += 1
+                self._notify(False)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self._failures += 1
+                try:
+                    _translate(e, "watch CalibanTasks")
+                except ProsperoError as err:
+                    self.error = err
+                log.log(
+                    logging.WARNING if self._failures == 1 else logging.DEBUG,
+                    "CalibanTask watch in %s failed (%d in a row): %s",
+                    self.namespace,
+                    self._failures,
+                    self.error,
+                    exc_info=not isinstance(e, ApiError | httpx2.HTTPError | OSError | ProsperoError),
+                )
+                self._notify(False)
+            if self._failures and not immediate:
+                delay = min(self.backoff_max, self.backoff_initial * 2 ** (self._failures - 1))
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await wait_for(self._wake.wait(), delay * random.uniform(0.5, 1.0))
+
+    async def _list(self) -> None:
+        listing = self._api().list(CalibanTaskResource, namespace=self.namespace)
+        raw = [obj.to_dict() async for obj in listing]  # type: ignore[no-untyped-call]
+        try:
+            rv = listing.resourceVersion
+        except NotReadyError as e:
+            raise ProtocolError("the CalibanTask list carries no resourceVersion") from e
+        tasks: dict[str, CalibanTask] = {}
+        skewed: set[str] = set()
+        for item in raw:
+            decoded, _ = decode_items(CalibanTask, [item])
+            if decoded:
+                tasks[decoded[0].name] = decoded[0]
+            else:
+                skewed.add(str((item.get("metadata") or {}).get("name", "?")))
+        self.tasks, self.skewed, self.resource_version = tasks, skewed, rv
+        self.synced, self.error = True, None
+        self.lists += 1
+        self._notify(True)
+
+    async def _watch(self) -> bool:
+        """One WATCH request from `resource_version`, to its end. True if it made progress (a
+        line, or it lasted): a stream that ends at once with nothing counts as a failure."""
+        gc = self._api()._client  # lightkube's request layer (see the class docstring)
+        br = gc.prepare_request(
+            "list",
+            res=CalibanTaskResource,
+            namespace=self.namespace,
+            watch=True,
+            params={
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": self.watch_timeout,
+                "resourceVersion": self.resource_version,
+            },
+        )
+        # the server ends the stream after timeoutSeconds; a silent dead connection is noticed
+        # request_timeout later
+        br.timeout = httpx2.Timeout(self.request_timeout, read=self.watch_timeout + self.request_timeout)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        resp = await gc.send(gc.build_adapter_request(br), stream=True)  # type: ignore[no-untyped-call]
+        lines = 0
+        try:
+            if resp.status_code >= 400:
+                await resp.aread()
+                if resp.status_code == 410:
+                    raise _Gone(f"HTTP 410: {resp.text[:200]}")
+                gc.raise_for_status(resp)  # type: ignore[no-untyped-call]
+            self.error = None
+            async for line in resp.aiter_lines():
+                if line.strip():
+                    lines += 1
+                    self._event(line)
+        finally:
+            await resp.aclose()
+        return lines > 0 or loop.time() - started >= 1.0
+
+    def _event(self, line: str) -> None:
+        try:
+            ev = orjson.loads(line)
+            kind, obj = ev["type"], ev["object"]
+            if not isinstance(kind, str) or not isinstance(obj, dict):
+                raise TypeError("type or object malformed")
+            meta = obj.get("metadata") or {}
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ProtocolError(f"undecodable CalibanTask watch event: {line[:200]!r}") from e
+        if kind == "ERROR":
+            code, msg = obj.get("code"), obj.get("message") or obj.get("reason") or ""
+            if code == 410:
+                raise _Gone(msg)
+            raise TransportError(f"Kubernetes API ended the CalibanTask watch (code {code}): {msg}")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        self._failures = 0
+        if kind == "BOOKMARK":
+            if rv:
+                self.resource_version = str(rv)
+            self.bookmarks += 1
+            self._notify(False)
+            return
+        name = str(meta.get("name", "?")) if isinstance(meta, dict) else "?"
+        if kind in ("ADDED", "MODIFIED"):
+            decoded, _ = decode_items(CalibanTask, [obj])
+            if decoded:
+                self.tasks[name] = decoded[0]
+                self.skewed.discard(name)
+            else:
+                self.tasks.pop(name, None)
+                self.skewed.add(name)
+                self.skipped_events += 1
+        elif kind == "DELETED":
+            self.tasks.pop(name, None)
+            self.skewed.discard(name)
+        else:
+            log.debug("ignoring CalibanTask watch event of type %r", kind)
+        if rv:
+            self.resource_version = str(rv)
+        self._notify(True)
+
+
 class K8sFleet:
     name = "k8s"
+    _cache: TaskCache | None = None
 
     def __init__(
         self,
@@ -239,12 +523,36 @@ class K8sFleet:
     def security(self, ws: RegisteredWorkspace) -> NetworkSecurity | None:
         return self._security
 
-    async def _list_tasks(self) -> list[CalibanTask]:
+    @property
+    def cache(self) -> TaskCache:
+        """The namespace's CalibanTasks as the list + watch loop keeps them (started by the
+        first listing); `cache.changed` is set whenever they change."""
+        if self._cache is None:
+            self._cache = TaskCache(self._api, self.namespace, self.request_timeout)
+        return self._cache
+
+    async def _list_direct(self) -> tuple[list[CalibanTask], int]:
         raw: list[dict[str, Any]] = []
         with _kube_errors("list CalibanTasks"):
             async for obj in self._api().list(CalibanTaskResource, namespace=self.namespace):
                 raw.append(obj.to_dict())  # type: ignore[no-untyped-call]
-        tasks, skipped = decode_items(CalibanTask, raw)
+        return decode_items(CalibanTask, raw)
+
+    async def _list_tasks(self) -> list[CalibanTask]:
+        """The namespace's CRs: from the cache when the watch is live and has seen this
+        provider's own writes; else (first listing still in flight past `sync_wait`, the watch
+        failing, a write not echoed in time) one direct LIST, whose errors are translated."""
+        cache = self.cache
+        cache.start()
+        if not cache.synced and cache.error is None:  # the first list: wait for it, briefly
+            await cache.wait_until(lambda: cache.synced or cache.error is not None, cache.sync_wait)
+        if cache.ready and await cache.wait_until(cache.caught_up, cache.sync_wait):
+            tasks, skipped = cache.snapshot()
+        else:
+            cache.forget_expectations()  # this listing is newer than them
+            tasks, skipped = await self._list_direct()
+            if cache.error is not None:
+                cache.wake()  # the API server answers: reconnect now
         self.skipped_crs = skipped
         self.skipped_total += skipped
         return tasks
@@ -269,7 +577,7 @@ class K8sFleet:
 
     async def _apply(self, task: CalibanTask) -> None:
         with _kube_errors(f"apply CalibanTask {task.name}"):
-            await self._api().patch(
+            applied = await self._api().patch(
                 CalibanTaskResource,
                 task.name,
                 task.apply_body(),
@@ -278,12 +586,16 @@ class K8sFleet:
                 field_manager=FIELD_MANAGER,
                 force=True,
             )
+        if self._cache is not None:  # the next listing waits until the watch has seen it
+            self._cache.expect_rv(applied.metadata.resourceVersion if applied.metadata else None)
 
-    async def _delete(self, agent_id: str) -> None:
+    async def _delete(self, agent_id: str, uid: str | None = None) -> None:
         """Idempotent: a CR already gone (deleted meanwhile) is not an error. Callers check that
         the agent exists first (`_task_of`), so an unknown id is still AgentNotFound."""
         with contextlib.suppress(AgentNotFound), _kube_errors(f"delete CalibanTask {agent_id}", agent_id):
             await self._api().delete(CalibanTaskResource, agent_id, namespace=self.namespace)
+        if self._cache is not None:  # the next listing waits until the watch has seen it
+            self._cache.expect_gone(agent_id, uid)
 
     def _pod(self, task: CalibanTask, timeout: float | None = None) -> CalibandClient:
         addr = task.status.caliband_endpoint if task.status else None
@@ -389,18 +701,18 @@ class K8sFleet:
         return await client.attach(pod_id)
 
     async def kill(self, ws: RegisteredWorkspace, agent_id: str) -> None:
-        await self._task_of(ws, agent_id)
-        await self._delete(agent_id)
+        task = await self._task_of(ws, agent_id)
+        await self._delete(agent_id, task.metadata.uid)
 
     async def remove(self, ws: RegisteredWorkspace, agent_id: str, force: bool = False) -> None:
         """Delete the CR whatever its phase: there is no record to keep once it is gone."""
-        await self._task_of(ws, agent_id)
-        await self._delete(agent_id)
+        task = await self._task_of(ws, agent_id)
+        await self._delete(agent_id, task.metadata.uid)
 
     async def respawn(self, ws: RegisteredWorkspace, agent_id: str) -> str:
         """§8.3 restart: delete, wait until the CR is gone, re-apply the same name (empty status)."""
         task = await self._task_of(ws, agent_id)
-        await self._delete(agent_id)
+        await self._delete(agent_id, task.metadata.uid)
         async for _ in self._polls(self.restart_timeout):
             if await self._get_task(agent_id) is None:
                 break
@@ -435,6 +747,8 @@ class K8sFleet:
         return await self._task_of(ws, agent_id)
 
     async def close(self) -> None:
+        if self._cache is not None:
+            await self._cache.stop()
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
