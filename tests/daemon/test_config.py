@@ -348,3 +348,142 @@ def test_database_url_from_flag_or_env(tmp_path: Path) -> None:
     env = {"PROSPERO_DATABASE_URL": "postgres://u@h/x"}
     assert load_config([], env).database_url == "postgres://u@h/x"
     assert load_config(["--database-url", url], env).database_url == url  # flag wins
+
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "http://127.0.0.1:6443"}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: x
+  context: {cluster: c, user: u, namespace: default}
+current-context: x
+"""
+
+
+def test_fleet_backend_k8s_flags_env_and_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = write(tmp_path / "kubeconfig", KUBECONFIG)
+    files = make_self_signed().write(tmp_path / "tls")
+    token = write(tmp_path / "pod-token", "p0d\n")
+    # default: the local backend, and the k8s settings stay at theirs
+    cfg = load_config([], {})
+    assert cfg.fleet_backend == "local" and cfg.k8s.namespace == "default"
+    # flags: kubeconfig, namespace and the pod calibands' TLS + token (no --caliband-addr)
+    cfg = load_config(
+        [
+            "--fleet-backend",
+            "k8s",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--k8s-namespace",
+            "agents",
+            "--caliband-ca-file",
+            str(files.ca),
+            "--caliband-token-file",
+            str(token),
+            "--caliband-server-name",
+            "pod.internal",
+        ],
+        {},
+    )
+    assert cfg.fleet_backend == "k8s" and cfg.caliband_network is None
+    assert cfg.k8s.namespace == "agents" and cfg.k8s.kubeconfig == kubeconfig
+    sec = cfg.k8s.caliband_security
+    assert sec is not None and sec.token == "p0d" and sec.server_name == "pod.internal"
+    assert sec.ca_pem == files.ca.read_bytes()
+    # env (PROSPERO_K8S_NAMESPACE is the namespace's variable, caliband-wire.md §8.1)
+    env = {
+        "PROSPERO_FLEET_BACKEND": "k8s",
+        "PROSPERO_KUBECONFIG": str(kubeconfig),
+        "PROSPERO_K8S_NAMESPACE": "from-env",
+    }
+    cfg = load_config([], env)
+    assert (cfg.fleet_backend, cfg.k8s.namespace) == ("k8s", "from-env")
+    assert cfg.k8s.kubeconfig == kubeconfig and cfg.k8s.caliband_security is None
+    # TOML (dashes or underscores), under env, under flags
+    toml = write(
+        tmp_path / "k8s.toml",
+        f'fleet-backend = "k8s"\nkubeconfig = "{kubeconfig}"\nk8s_namespace = "from-file"\n',
+    )
+    cfg = load_config(["--config", str(toml)], {})
+    assert (cfg.fleet_backend, cfg.k8s.namespace) == ("k8s", "from-file")
+    cfg = load_config([], {"PROSPERO_CONFIG": str(toml), "PROSPERO_K8S_NAMESPACE": "env-ns"})
+    assert cfg.k8s.namespace == "env-ns"
+    cfg = load_config(["--k8s-namespace", "flag-ns"], {"PROSPERO_CONFIG": str(toml), **env})
+    assert cfg.k8s.namespace == "flag-ns"
+    # no --kubeconfig: lightkube's default resolution ($KUBECONFIG here; no service account)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    cfg = load_config(["--fleet-backend", "k8s"], {})
+    assert cfg.k8s.kubeconfig is None and cfg.k8s.namespace == "default"
+
+
+def test_fleet_backend_bad_combinations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kubeconfig = write(tmp_path / "kubeconfig", KUBECONFIG)
+    files = make_self_signed().write(tmp_path / "tls")
+    token = write(tmp_path / "pod-token", "p0d\n")
+    k8s = ["--fleet-backend", "k8s", "--kubeconfig", str(kubeconfig)]
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cases: list[tuple[list[str], dict[str, str], str]] = [
+        (["--fleet-backend", "nomad"], {}, "fleet_backend: expected one of local, k8s"),
+        (["--kubeconfig", str(kubeconfig)], {}, "--kubeconfig needs --fleet-backend k8s"),
+        ([], {"PROSPERO_K8S_NAMESPACE": "ns"}, "--k8s-namespace needs --fleet-backend k8s"),
+        (
+            ["--kubeconfig", str(kubeconfig), "--k8s-namespace", "ns"],
+            {},
+            "--kubeconfig/--k8s-namespace need --fleet-backend k8s",
+        ),
+        ([*k8s, "--caliband-addr", "h:1"], {}, "--caliband-addr is for --fleet-backend local"),
+        ([*k8s, "--caliband-token-file", str(token)], {}, "would travel in clear"),
+        ([*k8s, "--caliband-ca-file", str(tmp_path / "x")], {}, "cannot read caliband"),
+        ([*k8s, "--k8s-namespace", "Not_A_Namespace"], {}, "k8s_namespace: expected"),
+        ([*k8s, "--k8s-namespace", "n" * 64], {}, "k8s_namespace: expected"),
+        (
+            ["--fleet-backend", "k8s", "--kubeconfig", str(tmp_path / "none")],
+            {},
+            "k8s backend: kubeconfig",
+        ),
+        (
+            ["--fleet-backend", "k8s", "--kubeconfig", str(write(tmp_path / "bad", "[: x"))],
+            {},
+            "k8s backend: kubeconfig",
+        ),
+        (
+            ["--fleet-backend", "k8s", "--kubeconfig", str(write(tmp_path / "str", "hello"))],
+            {},
+            "k8s backend: kubeconfig",
+        ),
+        (["--fleet-backend", "k8s"], {}, "neither an in-cluster service account"),
+        # the local backend still needs --caliband-addr for the caliband credentials
+        (["--caliband-ca-file", str(files.ca)], {}, "or --fleet-backend k8s"),
+    ]
+    for argv, env, needle in cases:
+        with pytest.raises(ConfigError) as err:
+            load_config(argv, env)
+        assert needle in str(err.value), (argv, env, str(err.value))
+
+
+def test_prosperod_exits_2_on_a_fleet_backend_mismatch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prospero.daemon.main import EXIT_CONFIG, main
+
+    kubeconfig = write(tmp_path / "kubeconfig", KUBECONFIG)
+    assert main(["--kubeconfig", str(kubeconfig)]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "prosperod: --kubeconfig needs --fleet-backend k8s" in err, err
+
+
+def test_help_names_the_fleet_backend_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    from prospero.daemon.config import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "--fleet-backend BACKEND" in text and "--k8s-namespace NAMESPACE" in text
+    assert "absent: the in-cluster service account when run in a pod, else $KUBECONFIG" in text

@@ -27,6 +27,24 @@ Scoped tokens (ADR 0010): `--api-tokens-file FILE` (lines `NAME SCOPE sha256:HEX
 `prospero token new NAME --scope read|operate|admin --tokens-file FILE`), re-read on change;
 the plaintext tokens above are `admin`.
 
+Fleet backend (issue 13): `--fleet-backend local` (default: a caliband per workspace, discovered
+or autostarted, or one `--caliband-addr`) or `k8s` (K8sFleet: agents are `CalibanTask` CRs in
+`--k8s-namespace`, env `PROSPERO_K8S_NAMESPACE`, default `default`; the Kubernetes API is reached
+through `--kubeconfig FILE`, or when absent lightkube's default: the in-cluster service account,
+else `$KUBECONFIG`, else `~/.kube/config`). Each pod's caliband is dialled at its CR's
+`status.calibandEndpoint` with `--caliband-ca-file`/`--caliband-token-file`/
+`--caliband-server-name` (the daemon-wide networked-caliband credentials; `--caliband-addr` is
+refused with k8s). Standalone (SQLite) or clustered (`--database-url`) alike. Workspaces are
+registered as with the local backend: a name (the CRs' `spec.workspaceRef.name`) and a root,
+which must still be an existing absolute directory on prosperod's host, distinct per workspace;
+the k8s backend never reads it (it is only shown, with the git sources found under it).
+
+    fleet_backend = "k8s"
+    kubeconfig = "/etc/prospero/kubeconfig"   # omit in a pod: its service account
+    k8s_namespace = "agents"
+    caliband_ca_file = "/etc/prospero/caliband-ca.pem"
+    caliband_token_file = "/etc/prospero/caliband-token"
+
 Host allowlist (DNS rebinding; api/guard.py): besides the loopback names, requests are served
 only for `--allowed-host NAME` (repeatable; `*.example.com` = any subdomain; `*` disables the
 check, which is unsafe), env `PROSPERO_ALLOWED_HOSTS` (comma-separated), TOML
@@ -54,7 +72,12 @@ from prospero.core.store.backend import is_database_url
 from prospero.core.tokens import TokenFileError, read_tokens_file
 from prospero.core.transport import NetworkSecurity
 from prospero.core.wire.control import TcpEndpoint
-from prospero.daemon.runtime import DaemonConfig, default_data_dir
+from prospero.daemon.runtime import (
+    FLEET_BACKENDS,
+    DaemonConfig,
+    K8sBackendConfig,
+    default_data_dir,
+)
 
 DEFAULT_ADDR = "127.0.0.1:7878"
 LOG_FORMATS = ("text", "json")
@@ -275,10 +298,32 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("retention_days", "prune events older than N days, hourly (0 = keep all)", "int"),
     Setting("allow_acp", "allow spawning agents with drive protocol 'acp'", "bool"),
     Setting("include_thinking", "keep the model's thinking output in the stream", "bool"),
+    Setting(
+        "fleet_backend",
+        "who runs the agents: local (a caliband per workspace, or --caliband-addr) or k8s "
+        "(CalibanTask CRs in --k8s-namespace; pod calibands dialled with --caliband-ca-file/"
+        "--caliband-token-file) (default local)",
+    ),
+    Setting(
+        "kubeconfig",
+        "k8s backend: kubeconfig file of the cluster (absent: the in-cluster service account "
+        "when run in a pod, else $KUBECONFIG, else ~/.kube/config, as lightkube resolves it)",
+        "path",
+    ),
+    Setting("k8s_namespace", "k8s backend: namespace of the CalibanTask CRs (default: default)"),
     Setting("caliband_addr", "one networked caliband HOST:PORT instead of Unix discovery"),
-    Setting("caliband_ca_file", "PEM CA to verify the networked caliband (enables TLS)", "path"),
-    Setting("caliband_token_file", "bearer token file for the networked caliband", "path"),
-    Setting("caliband_server_name", "TLS server name of the networked caliband"),
+    Setting(
+        "caliband_ca_file",
+        "PEM CA to verify the networked caliband, or with the k8s backend every pod's "
+        "(enables TLS)",
+        "path",
+    ),
+    Setting(
+        "caliband_token_file",
+        "bearer token file for the networked caliband (k8s backend: for the pods')",
+        "path",
+    ),
+    Setting("caliband_server_name", "TLS server name of the networked (or pod) calibands"),
     Setting("log_format", "text or json (default text)"),
     Setting("log_level", "debug|info|warning|error (default info)"),
     Setting("rate_card", "TOML/JSON file: model -> USD per million tokens", "path"),
@@ -493,31 +538,105 @@ def load_rate_card(path: Path) -> RateCard:
     return RateCard(rates=rates)
 
 
-def _caliband_network(values: Mapping[str, Any]) -> CalibandNetworkConfig | None:
-    addr = values.get("caliband_addr")
+def _caliband_security(values: Mapping[str, Any]) -> NetworkSecurity | None:
+    """The networked calibands' TLS + token (`--caliband-ca-file`, `--caliband-token-file`,
+    `--caliband-server-name`), read now so a bad file is a configuration error."""
     ca = values.get("caliband_ca_file")
     token = values.get("caliband_token_file")
     server_name = str(values.get("caliband_server_name") or "caliband")
-    if not addr:
-        if ca or token:
-            raise ConfigError("--caliband-ca-file/--caliband-token-file need --caliband-addr")
-        return None
-    host, port = parse_addr(addr, "caliband_addr")
     if token and not ca:
         raise ConfigError(
             "refusing --caliband-token-file without --caliband-ca-file: the token would travel "
             "in clear"
         )
-    security: NetworkSecurity | None = None
-    if ca or token:
-        try:
-            security = NetworkSecurity.from_files(ca, token, server_name)
-        except OSError as e:
-            raise ConfigError(f"cannot read caliband TLS/token file: {e}") from None
-        except InvalidConfig as e:
-            raise ConfigError(f"caliband network config: {e}") from None
+    if not (ca or token):
+        return None
+    try:
+        return NetworkSecurity.from_files(ca, token, server_name)
+    except OSError as e:
+        raise ConfigError(f"cannot read caliband TLS/token file: {e}") from None
+    except InvalidConfig as e:
+        raise ConfigError(f"caliband network config: {e}") from None
+
+
+def _caliband_network(values: Mapping[str, Any]) -> CalibandNetworkConfig | None:
+    addr = values.get("caliband_addr")
+    if not addr:
+        if values.get("caliband_ca_file") or values.get("caliband_token_file"):
+            raise ConfigError(
+                "--caliband-ca-file/--caliband-token-file need --caliband-addr "
+                "(or --fleet-backend k8s, where they are the pod calibands' credentials)"
+            )
+        return None
+    host, port = parse_addr(addr, "caliband_addr")
+    security = _caliband_security(values)
     hp = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return CalibandNetworkConfig(endpoint=TcpEndpoint(addr=hp), security=security)
+
+
+# A namespace is a DNS-1123 label.
+K8S_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _k8s_backend(values: Mapping[str, Any]) -> K8sBackendConfig:
+    """`--fleet-backend k8s`: the namespace, the kubeconfig (loaded now, so a missing or
+    malformed one is a configuration error) and the pod calibands' TLS + token."""
+    import yaml
+    from lightkube import ConfigError as KubeConfigError
+    from lightkube import KubeConfig
+
+    if values.get("caliband_addr"):
+        raise ConfigError(
+            "--caliband-addr is for --fleet-backend local: the k8s backend dials each pod's "
+            "caliband at its CalibanTask's status.calibandEndpoint"
+        )
+    namespace = str(values.get("k8s_namespace") or "default").strip()
+    if not K8S_NAMESPACE.match(namespace):
+        raise ConfigError(
+            f"k8s_namespace: expected a Kubernetes namespace (lowercase letters, digits and '-', "
+            f"at most 63), got {values.get('k8s_namespace')!r}"
+        )
+    kubeconfig: Path | None = None
+    try:
+        if values.get("kubeconfig"):
+            kubeconfig = Path(str(values["kubeconfig"])).expanduser()
+            KubeConfig.from_file(kubeconfig)
+        else:
+            KubeConfig.from_env()
+    except (
+        KubeConfigError,
+        yaml.YAMLError,
+        OSError,
+        ValueError,
+        LookupError,
+        TypeError,
+        AttributeError,
+    ) as e:
+        where = (
+            f"kubeconfig {kubeconfig}"
+            if kubeconfig is not None
+            else "no --kubeconfig, and neither an in-cluster service account nor "
+            "$KUBECONFIG/~/.kube/config is usable"
+        )
+        raise ConfigError(f"k8s backend: {where}: {e}") from None
+    return K8sBackendConfig(
+        namespace=namespace, kubeconfig=kubeconfig, caliband_security=_caliband_security(values)
+    )
+
+
+def _fleet_backend(values: Mapping[str, Any], cfg: DaemonConfig) -> None:
+    backend = parse_choice(values.get("fleet_backend") or "local", "fleet_backend", FLEET_BACKENDS)
+    cfg.fleet_backend = backend
+    if backend == "k8s":
+        cfg.k8s = _k8s_backend(values)
+        return
+    given = [BY_KEY[k].flag for k in ("kubeconfig", "k8s_namespace") if values.get(k)]
+    if given:
+        raise ConfigError(
+            f"{'/'.join(given)} {'needs' if len(given) == 1 else 'need'} --fleet-backend k8s "
+            "(the fleet backend is local)"
+        )
+    cfg.caliband_network = _caliband_network(values)
 
 
 def build_config(values: Mapping[str, Any]) -> DaemonConfig:
@@ -569,7 +688,7 @@ def build_config(values: Mapping[str, Any]) -> DaemonConfig:
         cfg.allow_acp = parse_bool(values["allow_acp"], "allow_acp")
     if "include_thinking" in values:
         cfg.include_thinking = parse_bool(values["include_thinking"], "include_thinking")
-    cfg.caliband_network = _caliband_network(values)
+    _fleet_backend(values, cfg)
     if "log_format" in values:
         cfg.log_format = parse_choice(values["log_format"], "log_format", LOG_FORMATS)
     if "log_level" in values:

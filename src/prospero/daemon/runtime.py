@@ -26,7 +26,7 @@ from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
 from prospero.core.fleet.local import CalibandNetworkConfig, LocalFleet, LocalFleetConfig
 from prospero.core.fleet.manager import FleetConfig, FleetManager
-from prospero.core.fleet.provider import FleetProvider
+from prospero.core.fleet.provider import FleetProvider, PostureSpawner
 from prospero.core.fleet.state import DriverFactory
 from prospero.core.leases import LeaseKeeper
 from prospero.core.metrics import Metrics
@@ -36,6 +36,7 @@ from prospero.core.relay.routing import OwnerRouting, RelayHandler
 from prospero.core.retention import RetentionTask
 from prospero.core.store.backend import StoreBackend, open_backend
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
+from prospero.core.transport import NetworkSecurity
 
 if TYPE_CHECKING:
     from prospero.core.relay.postgres import PgRelay
@@ -51,6 +52,21 @@ def default_data_dir() -> Path:
     if home:
         return Path(home) / ".local" / "share" / "prospero"
     return Path(".prospero")
+
+
+FLEET_BACKENDS = ("local", "k8s")
+
+
+@dataclass(frozen=True)
+class K8sBackendConfig:
+    """`--fleet-backend k8s` (issue 13): where the CalibanTask CRs live and how their pods'
+    calibands are dialled (the daemon-wide `--caliband-ca-file`/`--caliband-token-file`)."""
+
+    namespace: str = "default"
+    # None: lightkube's default resolution (in-cluster service account, else $KUBECONFIG,
+    # else ~/.kube/config).
+    kubeconfig: Path | None = None
+    caliband_security: NetworkSecurity | None = None
 
 
 @dataclass
@@ -81,6 +97,11 @@ class DaemonConfig:
     allow_acp: bool = False
     rate_card: RateCard = field(default_factory=RateCard)
     caliband_network: CalibandNetworkConfig | None = None
+    # Who runs the agents: "local" (LocalFleet: calibands per workspace, or `caliband_network`)
+    # or "k8s" (K8sFleet: CalibanTask CRs, `k8s`). The stores (SQLite or PostgreSQL) and
+    # everything above the provider are the same for both.
+    fleet_backend: str = "local"
+    k8s: K8sBackendConfig = field(default_factory=K8sBackendConfig)
     # API auth: token name -> token. Empty = no auth (only allowed on loopback binds).
     api_tokens: dict[str, str] = field(default_factory=dict)
     # Scoped, hashed tokens (ADR 0010; `prospero token new`), re-read when the file changes.
@@ -186,14 +207,40 @@ class Runtime:
                 self.relay, backend.leases, self.ownership, settle=min(30.0, cfg.lease_ttl + 2.0)
             )
             self.decisions.remote = routing.decide_remote
-        provider = self._provider_override or LocalFleet(
-            LocalFleetConfig(
-                autostart=cfg.autostart,
-                caliband_bin=cfg.caliband_bin,
-                default_env=cfg.default_env,
-                network=cfg.caliband_network,
+        provider: FleetProvider
+        posture_spawner: PostureSpawner | None = None
+        if self._provider_override is not None:
+            provider = self._provider_override
+        elif cfg.fleet_backend == "k8s":
+            # Imported here: a local fleet does not pay for the Kubernetes client.
+            from prospero.core.fleet.k8s import K8sFleet
+
+            k8s = K8sFleet(
+                cfg.k8s.namespace,
+                cfg.k8s.kubeconfig,
+                caliband_security=cfg.k8s.caliband_security,
             )
-        )
+            # The CR carries the posture (spec.task.permissionPosture) for the operator.
+            provider = posture_spawner = k8s
+            log.info(
+                "fleet backend k8s: CalibanTasks in namespace %s (kubeconfig %s)",
+                cfg.k8s.namespace,
+                cfg.k8s.kubeconfig or "from the environment",
+            )
+            if cfg.k8s.caliband_security is None:
+                log.warning(
+                    "fleet backend k8s without --caliband-ca-file: pod calibands are dialled "
+                    "in plaintext, without a token"
+                )
+        else:
+            provider = LocalFleet(
+                LocalFleetConfig(
+                    autostart=cfg.autostart,
+                    caliband_bin=cfg.caliband_bin,
+                    default_env=cfg.default_env,
+                    network=cfg.caliband_network,
+                )
+            )
         self.manager = FleetManager(
             provider,
             self.config_store,
@@ -216,6 +263,7 @@ class Runtime:
             ownership=self.ownership,
             routing=routing,
             fenced_cursors=self.ownership is not None,
+            posture_spawner=posture_spawner,
         )
         if self.ownership is not None:
             self.ownership.on_lost(self.manager.lease_lost)

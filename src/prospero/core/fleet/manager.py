@@ -28,7 +28,7 @@ from prospero.core.fleet.ending import RunEnding
 from prospero.core.fleet.meta import agent_view
 from prospero.core.fleet.operations import AgentOperations
 from prospero.core.fleet.polling import Polling
-from prospero.core.fleet.provider import FleetProvider
+from prospero.core.fleet.provider import FleetProvider, PostureSpawner
 from prospero.core.fleet.sink import AgentSink
 from prospero.core.fleet.state import (
     AgentSlot,
@@ -94,8 +94,12 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         fenced_cursors: bool = False,
         decisions: DecisionHooks | None = None,
         agents: AgentMetaStore | None = None,
+        posture_spawner: PostureSpawner | None = None,
     ) -> None:
+        if posture_spawner is not None and id(posture_spawner) != id(provider):
+            raise ValueError("posture_spawner must be the provider itself (its posture spawn)")
         self.provider = provider
+        self.posture_spawner = posture_spawner
         self.config_store = config_store
         self.store = store
         self.emitter = emitter

@@ -59,7 +59,10 @@ class AgentOperations(FleetState):
         # No poll of this workspace runs until the new agent is registered here as ours: a
         # listing that raced caliband's reply would take it for a discovered agent.
         async with self._poll_locks.setdefault(ws.name, asyncio.Lock()):
-            reply = await self.provider.spawn(ws, spec)
+            if self.posture_spawner is not None:  # the backend keeps the posture too (K8s CR)
+                reply = await self.posture_spawner.spawn(ws, spec, posture=posture)
+            else:
+                reply = await self.provider.spawn(ws, spec)
             # Prospero's own record of the spawn, kept before anything acts on the reply: the
             # posture and the protocol asked for are never read back from caliband's echo.
             meta = AgentMeta(

@@ -1,4 +1,5 @@
-"""The FleetProvider seam: who owns agent lifecycles (LocalFleet: calibands; K8sFleet later).
+"""The FleetProvider seam: who owns agent lifecycles (LocalFleet: calibands; K8sFleet:
+CalibanTask CRs).
 
 A provider never emits events and keeps no snapshot; the FleetManager above it polls, diffs,
 attaches drivers and emits.
@@ -10,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from prospero.core.transport import NetworkSecurity
 from prospero.core.wire.control import AgentRecord, Endpoint, SpawnedReply, SpawnSpec
-from prospero.types.model import RegisteredWorkspace
+from prospero.types.model import Posture, RegisteredWorkspace
 
 
 @runtime_checkable
@@ -44,3 +45,14 @@ class FleetProvider(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class PostureSpawner(Protocol):
+    """A provider whose backend carries the agent's permission posture from its spawn on
+    (K8sFleet: the CR's `spec.task.permissionPosture`, which the operator admits). It is handed
+    to the FleetManager explicitly (`posture_spawner=`, the provider itself); a provider that is
+    not one (LocalFleet) never sees the posture, which stays Prospero's alone (AgentMeta)."""
+
+    async def spawn(
+        self, ws: RegisteredWorkspace, spec: SpawnSpec, *, posture: Posture | None = None
+    ) -> SpawnedReply: ...

@@ -16,7 +16,7 @@ from prospero.core.drivers.base import (
     EventSink,
 )
 from prospero.core.fleet.catchup import CatchUpGate
-from prospero.core.fleet.provider import FleetProvider
+from prospero.core.fleet.provider import FleetProvider, PostureSpawner
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership
 from prospero.core.ratecard import RateCard
@@ -129,6 +129,8 @@ class FleetState:
     """The FleetManager's state, declared for its mixins (the manager sets every field)."""
 
     provider: FleetProvider
+    # The provider again when it carries the posture to its backend (K8sFleet), else None.
+    posture_spawner: PostureSpawner | None
     store: EventStore
     emitter: EmitterLike
     metrics: Metrics

@@ -1,0 +1,186 @@
+"""prosperod with `--fleet-backend k8s` (issue 13, deliverable 2), end to end in one process: the
+config flags build the Runtime's K8sFleet, which talks to the fake Kubernetes API server; its
+fake operator starts a caliband "pod" (TLS + bearer token) per CalibanTask. Through the HTTP
+API: register a workspace, spawn (the CR carries the posture), list, follow the NDJSON stream
+to `agent_finished`, kill and remove (each deletes the CR)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prospero.core.wire.control import SpawnSpec, TcpEndpoint
+from prospero.core.wire.k8s import task_name
+from prospero.daemon.config import load_config
+from prospero.testkit import scripts
+from prospero.testkit.certs import make_certs
+from prospero.testkit.fake_caliband import FakeCaliband
+from prospero.testkit.fake_kube import FakeKube
+from prospero.testkit.fake_kube.operator import TASKS
+from tests.api.conftest import SseReader, Stack, StackFactory, sse_headers
+from tests.support import wait_until
+
+NS = "agents"
+TOKEN = "pod-token-k8s-backend"
+
+
+def pod_script(spec: SpawnSpec) -> scripts.Script:
+    if spec.initial_prompt.startswith("long"):
+        return [scripts.turn_start(0), scripts.sleep(3600), scripts.run_end()]
+    return scripts.text_script(3)
+
+
+class Cluster:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.certs = make_certs()
+        self.pods: dict[str, FakeCaliband] = {}  # per CR incarnation (name/uid)
+        self.kube = FakeKube(operator=True, endpoint=self.start_pod)
+
+    async def start_pod(self, task: dict[str, Any]) -> str:
+        key = f"{task['metadata']['name']}/{task['metadata'].get('uid', '')}"
+        pod = self.pods.get(key)
+        if pod is None:
+            pod = self.pods[key] = await FakeCaliband.start_tcp(
+                "127.0.0.1",
+                0,
+                self.certs.cert_pem,
+                self.certs.key_pem,
+                TOKEN,
+                script_for=pod_script,
+            )
+        assert isinstance(pod.endpoint, TcpEndpoint)
+        return pod.endpoint.addr
+
+    def task(self, name: str) -> dict[str, Any] | None:
+        return self.kube.store.get(TASKS, NS, name)
+
+    def flags(self) -> list[str]:
+        files = self.certs.write(self.tmp / "tls")
+        token = self.tmp / "pod-token"
+        token.write_text(TOKEN + "\n")
+        return [
+            "--fleet-backend",
+            "k8s",
+            "--kubeconfig",
+            str(self.kube.write_kubeconfig(self.tmp / "kube")),
+            "--k8s-namespace",
+            NS,
+            "--caliband-ca-file",
+            str(files.ca),
+            "--caliband-token-file",
+            str(token),
+        ]
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp_path / "cluster")
+    c.tmp.mkdir()
+    await c.kube.start()
+    try:
+        yield c
+    finally:
+        await c.kube.stop()
+        for pod in c.pods.values():
+            with contextlib.suppress(Exception):
+                await pod.stop()
+
+
+async def k8s_stack(make_stack: StackFactory, cluster: Cluster) -> Stack:
+    """The API stack with the fleet settings `prosperod <flags>` parses (flags > env > file)."""
+    cfg = load_config(cluster.flags(), {})
+    assert cfg.fleet_backend == "k8s" and cfg.caliband_network is None
+    return await make_stack(workspace=False, fleet_backend=cfg.fleet_backend, k8s=cfg.k8s)
+
+
+async def register(stack: Stack, name: str) -> None:
+    """A workspace under the k8s backend: its name is the CRs' `spec.workspaceRef.name`; its
+    root is validated as for the local backend (an existing absolute directory, one per
+    workspace) and never read by K8sFleet."""
+    root = stack.tmp / name
+    root.mkdir()
+    r = await stack.client.post("/api/workspaces", json={"name": name, "root": str(root)})
+    assert r.status_code == 201, r.text
+
+
+async def test_prosperod_drives_a_k8s_fleet_through_the_api(
+    cluster: Cluster, make_stack: StackFactory
+) -> None:
+    # `cluster` first: torn down after the stack (no watch of K8sFleet's outlives the server)
+    stack = await k8s_stack(make_stack, cluster)
+    from prospero.core.fleet.k8s import K8sFleet
+
+    assert stack.runtime.manager is not None
+    provider = stack.runtime.manager.provider
+    assert isinstance(provider, K8sFleet) and provider.namespace == NS
+    await register(stack, "app")
+
+    # spawn: the agent id is the CR name; the CR carries the protocol and the posture
+    agent = await stack.spawn(ws="app", prompt="fix it", posture="supervised")
+    assert agent == task_name("app", "fix it", None) and agent.startswith("ct-")
+    cr = cluster.task(agent)
+    assert cr is not None
+    assert cr["spec"]["workspaceRef"] == {"name": "app"}
+    assert cr["spec"]["task"]["driveProtocol"] == "ndjson"
+    assert cr["spec"]["task"]["permissionPosture"] == "supervised"
+    r = await stack.client.get("/api/workspaces/app/agents")
+    assert r.status_code == 200 and agent in [a["id"] for a in r.json()], r.text
+    r = await stack.client.get(f"/api/agents/{agent}")
+    assert r.status_code == 200 and r.json()["posture"] == "supervised", r.text
+
+    # the pod's stream, through the NDJSON driver over TLS + token, to the end of the run
+    history = await stack.wait_finished(agent, within=10)
+    kinds = [e["kind"]["kind"] for e in history]
+    events = history[: kinds.index("agent_finished") + 1]  # the run (status_changed may follow)
+    kinds = [e["kind"]["kind"] for e in events]
+    assert kinds[0] == "agent_spawned" and kinds.count("agent_finished") == 1, kinds
+    text = "".join(e["kind"].get("chunk", "") for e in events if e["kind"]["kind"] == "output")
+    assert "line" in text, kinds
+    assert events[-1]["kind"]["outcome"] == "EndOfTurn", events[-1]
+    await stack.wait_status(agent, "done", within=10)
+
+    # the agent's SSE stream serves the same events and ends after agent_finished
+    async with stack.client.stream(
+        "GET", f"/api/agents/{agent}/stream", headers=sse_headers()
+    ) as resp:
+        assert resp.status_code == 200
+        reader = SseReader(resp)
+        streamed = []
+        while (msg := await asyncio.wait_for(reader.next(), 10)) is not None:
+            streamed.append(msg.json())
+    assert [e["seq"] for e in streamed] == [e["seq"] for e in events]
+    assert [e["kind"]["kind"] for e in streamed] == kinds
+
+    # kill a running agent: its CR is deleted (the operator tears the pod down)
+    long = await stack.spawn(ws="app", prompt="long task")
+    await stack.wait_status(long, "running", within=10)
+    r = await stack.client.post(f"/api/agents/{long}/kill")
+    assert r.status_code in (200, 202, 204), r.text
+    assert cluster.task(long) is None
+
+    # with its CR gone the agent is gone (agent_gone; K8sFleet keeps no record of a killed CR,
+    # so no agent_finished{killed} is written: see the report of issue 13's wiring)
+    async def gone() -> bool:
+        return (await stack.client.get(f"/api/agents/{long}")).status_code == 404
+
+    await wait_until(gone, 5, interval=0.05, what="the killed agent gone")
+    assert [e["kind"]["kind"] for e in await stack.history(long)][-1] == "agent_gone"
+
+    # remove the finished one: its CR is deleted, the agent is gone from the listing
+    r = await stack.client.delete(f"/api/agents/{agent}")
+    assert r.status_code in (200, 204), r.text
+    assert cluster.task(agent) is None
+
+    async def unlisted() -> bool:
+        r = await stack.client.get("/api/workspaces/app/agents")
+        return agent not in [a["id"] for a in r.json()]
+
+    await wait_until(unlisted, 5, interval=0.05, what="the removed agent unlisted")
+    # nothing else is left in the namespace but the killed agent's absence
+    assert cluster.kube.store.items(TASKS, NS) == []
