@@ -92,11 +92,11 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
                 await pod.stop()
 
 
-async def k8s_stack(make_stack: StackFactory, cluster: Cluster) -> Stack:
+async def k8s_stack(make_stack: StackFactory, cluster: Cluster, **config: Any) -> Stack:
     """The API stack with the fleet settings `prosperod <flags>` parses (flags > env > file)."""
     cfg = load_config(cluster.flags(), {})
     assert cfg.fleet_backend == "k8s" and cfg.caliband_network is None
-    return await make_stack(workspace=False, fleet_backend=cfg.fleet_backend, k8s=cfg.k8s)
+    return await make_stack(workspace=False, fleet_backend=cfg.fleet_backend, k8s=cfg.k8s, **config)
 
 
 async def register(stack: Stack, name: str) -> None:
@@ -109,11 +109,17 @@ async def register(stack: Stack, name: str) -> None:
     assert r.status_code == 201, r.text
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
 async def test_prosperod_drives_a_k8s_fleet_through_the_api(
-    cluster: Cluster, make_stack: StackFactory
+    cluster: Cluster, make_stack: StackFactory, store: str, request: pytest.FixtureRequest
 ) -> None:
+    """Standalone on SQLite, or clustered on PostgreSQL (one replica): the same wiring."""
     # `cluster` first: torn down after the stack (no watch of K8sFleet's outlives the server)
-    stack = await k8s_stack(make_stack, cluster)
+    config: dict[str, Any] = {}
+    if store == "postgres":
+        config = {"database_url": request.getfixturevalue("pg_dsn"), "replica_id": "r1"}
+    stack = await k8s_stack(make_stack, cluster, **config)
+    assert stack.runtime.cluster.mode == ("clustered" if store == "postgres" else "standalone")
     from prospero.core.fleet.k8s import K8sFleet
 
     assert stack.runtime.manager is not None
@@ -184,3 +190,29 @@ async def test_prosperod_drives_a_k8s_fleet_through_the_api(
     await wait_until(unlisted, 5, interval=0.05, what="the removed agent unlisted")
     # nothing else is left in the namespace but the killed agent's absence
     assert cluster.kube.store.items(TASKS, NS) == []
+
+
+def test_the_posture_spawner_must_be_the_provider_itself(tmp_path: Path) -> None:
+    """The posture capability is handed over explicitly, as the provider itself: a second
+    object would spawn agents the provider never lists."""
+    from prospero.core.fleet.k8s import K8sFleet
+    from prospero.core.fleet.local import LocalFleet
+    from prospero.core.fleet.manager import FleetManager
+    from prospero.core.metrics import Metrics
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    k8s = K8sFleet("default", kubeconfig)
+    unused: Any = None
+    manager = FleetManager(
+        k8s, unused, unused, unused, Metrics(), posture_spawner=k8s, agents=unused
+    )
+    assert manager.posture_spawner is k8s and manager.provider is k8s
+    with pytest.raises(ValueError, match="the provider itself"):
+        FleetManager(
+            LocalFleet(), unused, unused, unused, Metrics(), posture_spawner=k8s, agents=unused
+        )
