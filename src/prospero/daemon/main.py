@@ -78,6 +78,9 @@ def setup_logging(fmt: str = "text", level: str = "info") -> None:
         lg.handlers.clear()
         lg.propagate = True
     logging.getLogger("uvicorn.access").disabled = True  # ours never logs query strings
+    # The Kubernetes client's HTTP library logs every request at INFO (the k8s backend's
+    # gets, applies and watch re-opens): only when debugging.
+    logging.getLogger("httpx2").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
 
 
 def api_auth(config: DaemonConfig) -> tuple[TokenTable, bytes | None]:
