@@ -643,3 +643,13 @@ async def test_an_unreachable_api_server_fails_the_listing_and_close_leaves_no_t
     await w.provider.close()
     assert task.done() and cache._task is None
     assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("k8s-watch-")]
+
+
+@pytest.mark.parametrize("body", ["a: [", "- 1\n- 2\n", "clusters: 3\n"])
+def test_a_malformed_kubeconfig_is_an_invalid_config(tmp_path: Path, body: str) -> None:
+    """Broken YAML or a file of the wrong shape: Prospero's InvalidConfig, never a YAML or
+    attribute error from the client library."""
+    f = tmp_path / "kubeconfig"
+    f.write_text(body)
+    with pytest.raises(InvalidConfig, match="cannot load Kubernetes configuration"):
+        K8sFleet("default", kubeconfig=f)

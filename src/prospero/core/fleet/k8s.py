@@ -46,6 +46,7 @@ from typing import Any, NoReturn
 
 import httpx2
 import orjson
+import yaml  # lightkube's own dependency: a malformed kubeconfig raises its errors
 from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig, LoadResourceError
 from lightkube.core.exceptions import NotReadyError
 from lightkube.generic_resource import create_namespaced_resource
@@ -102,7 +103,9 @@ def validate_endpoint(addr: str) -> None:
     if not addr.strip():
         raise InvalidConfig("CalibanTask status.calibandEndpoint is empty")
     if "://" in addr:
-        raise InvalidConfig(f"CalibanTask status.calibandEndpoint must be a bare host:port, not a URL: {addr!r}")
+        raise InvalidConfig(
+            f"CalibanTask status.calibandEndpoint must be a bare host:port, not a URL: {addr!r}"
+        )
     if any(c.isspace() for c in addr):
         raise InvalidConfig(f"CalibanTask status.calibandEndpoint contains whitespace: {addr!r}")
 
@@ -153,7 +156,9 @@ def _translate(e: BaseException, what: str, name: str | None = None) -> NoReturn
         if code in (409, 410):
             raise Conflict(f"Kubernetes API refused to {what}: {msg}") from e
         if code in (401, 403):
-            raise TransportError(f"Kubernetes API denied {what} (HTTP {code}; check RBAC/credentials): {msg}") from e
+            raise TransportError(
+                f"Kubernetes API denied {what} (HTTP {code}; check RBAC/credentials): {msg}"
+            ) from e
         if 400 <= code < 500:
             raise ProtocolError(f"Kubernetes API rejected {what} (HTTP {code}): {msg}") from e
         raise TransportError(f"Kubernetes API failed to {what} (HTTP {code}): {msg}") from e
@@ -170,7 +175,15 @@ def _kube_errors(what: str, name: str | None = None) -> Iterator[None]:
         yield
     except ProsperoError:
         raise
-    except (ApiError, ConfigError, LoadResourceError, httpx2.HTTPError, OSError, TimeoutError, ValueError) as e:
+    except (
+        ApiError,
+        ConfigError,
+        LoadResourceError,
+        httpx2.HTTPError,
+        OSError,
+        TimeoutError,
+        ValueError,
+    ) as e:
         _translate(e, what, name)
 
 
@@ -212,7 +225,9 @@ class TaskCache:
     watch_timeout = 300  # seconds: each WATCH's `timeoutSeconds`
     sync_wait = 2.0  # how long a listing waits for the loop before listing directly
 
-    def __init__(self, api: Callable[[], AsyncClient], namespace: str, request_timeout: float) -> None:
+    def __init__(
+        self, api: Callable[[], AsyncClient], namespace: str, request_timeout: float
+    ) -> None:
         self._api = api
         self.namespace = namespace
         self.request_timeout = request_timeout
@@ -343,7 +358,9 @@ class TaskCache:
                     self.namespace,
                     self._failures,
                     self.error,
-                    exc_info=not isinstance(e, ApiError | httpx2.HTTPError | OSError | ProsperoError),
+                    exc_info=not isinstance(
+                        e, ApiError | httpx2.HTTPError | OSError | ProsperoError
+                    ),
                 )
                 self._notify(False)
             if self._failures and not immediate:
@@ -389,7 +406,9 @@ class TaskCache:
         )
         # the server ends the stream after timeoutSeconds; a silent dead connection is noticed
         # request_timeout later
-        br.timeout = httpx2.Timeout(self.request_timeout, read=self.watch_timeout + self.request_timeout)
+        br.timeout = httpx2.Timeout(
+            self.request_timeout, read=self.watch_timeout + self.request_timeout
+        )
         loop = asyncio.get_running_loop()
         started = loop.time()
         resp = await gc.send(gc.build_adapter_request(br), stream=True)  # type: ignore[no-untyped-call]
@@ -472,7 +491,8 @@ class K8sFleet:
         poll_interval: float = 0.25,
     ) -> None:
         """`kubeconfig` (a file) or `in_cluster` (the pod's service account); neither: the
-        environment's default (`KUBECONFIG`, `~/.kube/config`, then in-cluster). The pod
+        environment's default as lightkube resolves it (the in-cluster service account when
+        running in a pod, else `KUBECONFIG`, else `~/.kube/config`). The pod
         calibands are dialled with the CA and token files (both unset: plaintext, fakes only)."""
         self.namespace = namespace
         try:
@@ -482,7 +502,16 @@ class K8sFleet:
                 self._config = KubeConfig.from_service_account()
             else:
                 self._config = KubeConfig.from_env()
-        except (ConfigError, OSError, ValueError) as e:
+        except (
+            ConfigError,
+            OSError,
+            ValueError,
+            yaml.YAMLError,
+            AttributeError,
+            TypeError,
+            KeyError,
+        ) as e:
+            # (a malformed kubeconfig surfaces from the YAML parser or as a wrong shape)
             raise InvalidConfig(f"cannot load Kubernetes configuration: {e}") from e
         self._context = context
         if caliband_security is None and (caliband_ca_file or caliband_token_file):
@@ -592,7 +621,10 @@ class K8sFleet:
     async def _delete(self, agent_id: str, uid: str | None = None) -> None:
         """Idempotent: a CR already gone (deleted meanwhile) is not an error. Callers check that
         the agent exists first (`_task_of`), so an unknown id is still AgentNotFound."""
-        with contextlib.suppress(AgentNotFound), _kube_errors(f"delete CalibanTask {agent_id}", agent_id):
+        with (
+            contextlib.suppress(AgentNotFound),
+            _kube_errors(f"delete CalibanTask {agent_id}", agent_id),
+        ):
             await self._api().delete(CalibanTaskResource, agent_id, namespace=self.namespace)
         if self._cache is not None:  # the next listing waits until the watch has seen it
             self._cache.expect_gone(agent_id, uid)
@@ -643,7 +675,9 @@ class K8sFleet:
         async def pod_list(addr: str) -> list[AgentRecord] | None:
             try:
                 validate_endpoint(addr)
-                client = CalibandClient(TcpEndpoint(addr=addr), self._security, timeout=self.overlay_timeout)
+                client = CalibandClient(
+                    TcpEndpoint(addr=addr), self._security, timeout=self.overlay_timeout
+                )
                 return await wait_for(client.list(), self.overlay_timeout)
             except (ProsperoError, TimeoutError) as e:
                 log.debug("pod caliband at %s not listed: %s", addr, e)
