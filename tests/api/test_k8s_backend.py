@@ -170,13 +170,19 @@ async def test_prosperod_drives_a_k8s_fleet_through_the_api(
     assert r.status_code in (200, 202, 204), r.text
     assert cluster.task(long) is None
 
-    # with its CR gone the agent is gone (agent_gone; K8sFleet keeps no record of a killed CR,
-    # so no agent_finished{killed} is written: see the report of issue 13's wiring)
+    # its run ends `killed` (the manager concludes it: no terminal status will ever be listed
+    # for a deleted CR), then, with its CR gone, the agent is gone
     async def gone() -> bool:
         return (await stack.client.get(f"/api/agents/{long}")).status_code == 404
 
     await wait_until(gone, 5, interval=0.05, what="the killed agent gone")
-    assert [e["kind"]["kind"] for e in await stack.history(long)][-1] == "agent_gone"
+    history = await stack.history(long)
+    kinds_killed = [e["kind"]["kind"] for e in history]
+    assert kinds_killed.count("agent_finished") == 1 and kinds_killed[-1] == "agent_gone"
+    [fin] = [e["kind"] for e in history if e["kind"]["kind"] == "agent_finished"]
+    assert fin["outcome"] == "killed"
+    seqs = [e["seq"] for e in history]
+    assert seqs == list(range(1, len(seqs) + 1))
 
     # remove the finished one: its CR is deleted, the agent is gone from the listing
     r = await stack.client.delete(f"/api/agents/{agent}")

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 
+from prospero.core.aio import wait_for
 from prospero.core.drivers.base import AgentDriver
 from prospero.core.errors import (
     AgentNotFound,
@@ -116,7 +117,10 @@ class AgentOperations(FleetState):
         status = effective_status(slot.record, slot.meta)
         if status.terminal:
             raise InvalidState("kill", agent_id, status.value, "the agent has already finished")
-        if not local and (owner := await self._owner_elsewhere(slot, agent_id, "kill")):
+        removes = self.config.kill_removes_agent
+        if not local and (
+            owner := await self._owner_elsewhere(slot, agent_id, "kill", any_protocol=removes)
+        ):
             await self._relay(owner, agent_id, "kill")
             return
         await self._cancel_asks(agent_id, "the agent was killed")
@@ -127,6 +131,11 @@ class AgentOperations(FleetState):
             slot.released = True  # the kill below releases the worker; no second kill
             with contextlib.suppress(ProsperoError):
                 await slot.driver.conclude("killed", "killed by the operator")
+        elif slot.driver is not None and removes:
+            # The provider's kill removes the agent (K8s: its CalibanTask is deleted, the pod
+            # goes with it), so no terminal status will ever be listed: the driver stops
+            # reading and records the end itself now, under the agent's lease.
+            await self._conclude_removed(agent_id, slot)
         await self.provider.kill(ws, agent_id)
         await self.poll_workspace(ws.name)  # sees `killed`: nudges the driver to conclude
 
@@ -186,14 +195,33 @@ class AgentOperations(FleetState):
             slot.driver = self._make_driver(ws, slot.record)
         return slot.driver
 
-    async def _owner_elsewhere(self, slot: AgentSlot, agent_id: str, op: str) -> str | None:
-        """The replica that must run `op` (it drives this ACP agent), or None for this one.
-        NDJSON steering goes to caliband from any replica; standalone is always here."""
+    async def _owner_elsewhere(
+        self, slot: AgentSlot, agent_id: str, op: str, *, any_protocol: bool = False
+    ) -> str | None:
+        """The replica that must run `op` (it drives this ACP agent — or any agent, with
+        `any_protocol`), or None for this one. NDJSON steering goes to caliband from any
+        replica; standalone is always here."""
         if self.routing is None or slot.record is None:
             return None
-        if drive_protocol(slot.record, slot.meta) == "ndjson":
+        if drive_protocol(slot.record, slot.meta) == "ndjson" and not any_protocol:
             return None
         return await self.routing.owner_elsewhere(agent_id, op)
+
+    async def _conclude_removed(self, agent_id: str, slot: AgentSlot) -> None:
+        """Close the driver of an agent the provider is about to remove and record its end
+        (`agent_finished{killed}`, open tool calls closed). The lease is kept until the agent
+        is gone from the listing, so the closing events are written under it."""
+        driver = slot.driver
+        if driver is None:
+            return
+        await driver.close()
+        if slot.task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await wait_for(asyncio.shield(slot.task), 5.0)
+        with contextlib.suppress(ProsperoError):
+            await driver.conclude("killed", "killed by the operator: its CalibanTask was deleted")
+        if driver.finished:
+            await self._on_finished(agent_id)
 
     async def _relay(self, owner: str, agent_id: str, op: RelayOp, **args: str) -> None:
         assert self.routing is not None

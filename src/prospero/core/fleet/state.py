@@ -94,6 +94,9 @@ class FleetConfig:
     # The same bound for a catch-up run (an agent that ended while no prosperod watched),
     # counted from when the run starts: recovering a long transcript takes longer.
     catchup_grace: float = 30.0
+    # The provider's kill removes the agent (K8sFleet deletes its CalibanTask) instead of
+    # leaving a `killed` record: the manager concludes the run itself before the kill.
+    kill_removes_agent: bool = False
 
     def driver_options(self) -> DriverOptions:
         return DriverOptions(
