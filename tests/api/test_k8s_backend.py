@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,14 @@ async def test_prosperod_drives_a_k8s_fleet_through_the_api(
     provider = stack.runtime.manager.provider
     assert isinstance(provider, K8sFleet) and provider.namespace == NS
     await register(stack, "app")
+    # a provider whose key is not in prosperod's environment: on k8s the pods get their keys
+    # from the cluster's Secrets, so the spawn is not refused here (the local backend refuses)
+    assert "PROSPERO_K8S_TEST_NO_SUCH_KEY" not in os.environ
+    r = await stack.client.put(
+        "/api/workspaces/app/config",
+        json={"provider": "anthropic", "api_key_from_env": "PROSPERO_K8S_TEST_NO_SUCH_KEY"},
+    )
+    assert r.status_code == 204, r.text
 
     # spawn: the agent id is the CR name; the CR carries the protocol and the posture
     agent = await stack.spawn(ws="app", prompt="fix it", posture="supervised")

@@ -209,7 +209,7 @@ class Runtime:
             self.decisions.remote = routing.decide_remote
         provider: FleetProvider
         posture_spawner: PostureSpawner | None = None
-        kill_removes_agent = False
+        k8s_fleet = False  # agents are CalibanTask CRs in a cluster
         if self._provider_override is not None:
             provider = self._provider_override
         elif cfg.fleet_backend == "k8s":
@@ -223,7 +223,7 @@ class Runtime:
             )
             # The CR carries the posture (spec.task.permissionPosture) for the operator.
             provider = posture_spawner = k8s
-            kill_removes_agent = True  # kill deletes the CR
+            k8s_fleet = True
             log.info(
                 "fleet backend k8s: CalibanTasks in namespace %s (kubeconfig %s)",
                 cfg.k8s.namespace,
@@ -258,7 +258,8 @@ class Runtime:
                 rate_card=cfg.rate_card,
                 allow_acp=cfg.allow_acp,
                 default_env=cfg.default_env,
-                kill_removes_agent=kill_removes_agent,
+                kill_removes_agent=k8s_fleet,  # a kill deletes the CR
+                provider_keys_here=not k8s_fleet,  # the pods' keys live in the cluster
             ),
             driver_factories=factories,
             decisions=self.decisions,

@@ -41,7 +41,8 @@ class AgentOperations(FleetState):
                 )
             if req.drive_protocol not in self.driver_factories:
                 raise Conflict(f"this build has no '{req.drive_protocol}' driver")
-        check_spawnable(ws.config, self.config.default_env, os.environ)
+        if self.config.provider_keys_here:
+            check_spawnable(ws.config, self.config.default_env, os.environ)
         posture = req.posture
         if posture is None and self.decisions is not None:
             posture = await self.decisions.default_posture(ws.name)

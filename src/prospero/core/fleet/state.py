@@ -97,6 +97,10 @@ class FleetConfig:
     # The provider's kill removes the agent (K8sFleet deletes its CalibanTask) instead of
     # leaving a `killed` record: the manager concludes the run itself before the kill.
     kill_removes_agent: bool = False
+    # A spawn is refused when the workspace's provider key does not resolve in prosperod's own
+    # environment (local calibands inherit it). False for the k8s backend: its pods get their
+    # keys from the Secrets the cluster's Workspace names, which Prospero never reads.
+    provider_keys_here: bool = True
 
     def driver_options(self) -> DriverOptions:
         return DriverOptions(
