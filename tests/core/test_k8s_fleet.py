@@ -171,11 +171,20 @@ def test_a_cr_round_trips_camel_case_and_tolerates_unknown_keys() -> None:
     raw = {
         "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
         "kind": "CalibanTask",
-        "metadata": {"name": "ct-1", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "metadata": {
+            "name": "ct-1",
+            "namespace": "default",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
         "spec": {
             "workspaceRef": {"name": "app"},
             "providerRef": "main",
-            "task": {"prompt": "p", "interactive": True, "driveProtocol": "acp", "permissionPosture": "supervised"},
+            "task": {
+                "prompt": "p",
+                "interactive": True,
+                "driveProtocol": "acp",
+                "permissionPosture": "supervised",
+            },
             "tools": ["Edit"],
             "isolation": {"runtimeClass": "gvisor", "worktrees": "per-source"},
             "future": {"x": 1},
@@ -199,13 +208,20 @@ def test_a_cr_round_trips_camel_case_and_tolerates_unknown_keys() -> None:
     assert task.status is not None and task.status.resolved_workspace is not None
     assert task.status.resolved_workspace.sources[0].ref == "main"
     spec = spec_from_task(task)
-    assert (spec.label, spec.provider, spec.model, spec.tool_allowlist) == ("ct-1", "anthropic", "m1", ["Edit"])
+    assert (spec.label, spec.provider, spec.model, spec.tool_allowlist) == (
+        "ct-1",
+        "anthropic",
+        "m1",
+        ["Edit"],
+    )
     assert spec.interactive and spec.drive_protocol == "acp" and not spec.isolation_worktree
     body = task.apply_body()
     assert "status" not in body and body["metadata"] == {"name": "ct-1", "namespace": "default"}
     assert body["spec"]["workspaceRef"] == {"name": "app"}
     assert body["spec"]["task"]["driveProtocol"] == "acp"
-    absent = CalibanTask.model_validate({**raw, "spec": {"workspaceRef": {"name": "a"}, "task": {"prompt": "p"}}})
+    absent = CalibanTask.model_validate(
+        {**raw, "spec": {"workspaceRef": {"name": "a"}, "task": {"prompt": "p"}}}
+    )
     assert absent.drive_protocol == "ndjson"  # absent ⇒ ndjson
 
 
@@ -243,7 +259,11 @@ async def test_spawn_applies_the_cr_and_is_idempotent(harness: K8sHarness) -> No
 async def test_interactive_written_only_when_true(harness: K8sHarness) -> None:
     h = harness
     reply = await h.provider.spawn(h.workspace, h.long_running_spec(interactive=True))
-    assert cr(h, reply.id)["spec"]["task"] == {"prompt": "long task", "interactive": True, "driveProtocol": "ndjson"}
+    assert cr(h, reply.id)["spec"]["task"] == {
+        "prompt": "long task",
+        "interactive": True,
+        "driveProtocol": "ndjson",
+    }
 
 
 async def test_a_skewed_cr_is_skipped_and_counted(harness: K8sHarness) -> None:
@@ -278,7 +298,9 @@ async def test_only_the_workspace_s_crs_are_listed(harness: K8sHarness) -> None:
         await h.provider.kill(h.workspace, theirs.id)
 
 
-async def test_attach_spawns_the_pod_agent_once_and_overlays_its_status(harness: K8sHarness) -> None:
+async def test_attach_spawns_the_pod_agent_once_and_overlays_its_status(
+    harness: K8sHarness,
+) -> None:
     h = harness
     reply = await h.provider.spawn(h.workspace, h.long_running_spec(tool_allowlist=["Read"]))
     with contextlib.suppress(InvalidState):  # may still be provisioning: refused, typed
@@ -365,9 +387,15 @@ def test_workspace_mirror() -> None:
             "metadata": {"name": "app", "generation": 3},
             "spec": {
                 "displayName": "App",
-                "sources": [{"name": "app", "repo": "https://example.invalid/app.git", "path": "/work/app"}],
+                "sources": [
+                    {"name": "app", "repo": "https://example.invalid/app.git", "path": "/work/app"}
+                ],
                 "providers": [
-                    {"name": "main", "kind": "anthropic", "credentialsRef": {"secretName": "s", "key": "k"}}
+                    {
+                        "name": "main",
+                        "kind": "anthropic",
+                        "credentialsRef": {"secretName": "s", "key": "k"},
+                    }
                 ],
                 "defaultProvider": "main",
                 "env": [{"name": "A", "value": "1"}],
@@ -385,7 +413,9 @@ def test_workspace_mirror() -> None:
     assert wire["spec"]["providers"][0]["credentialsRef"] == {"secretName": "s", "key": "k"}
 
 
-async def test_the_pod_is_dialled_with_tls_and_the_token(harness: K8sHarness, tmp_path: Path) -> None:
+async def test_the_pod_is_dialled_with_tls_and_the_token(
+    harness: K8sHarness, tmp_path: Path
+) -> None:
     h = harness
     reply = await h.provider.spawn(h.workspace, h.long_running_spec())
 
@@ -414,7 +444,13 @@ async def test_the_pod_is_dialled_with_tls_and_the_token(harness: K8sHarness, tm
 
 def _api_error(code: int, message: str = "boom") -> ApiError:
     request = httpx2.Request("PATCH", "http://kube.invalid/apis/x")
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "code": code,
+    }
     return ApiError(request=request, response=httpx2.Response(code, json=body, request=request))
 
 
@@ -443,7 +479,9 @@ def test_kubernetes_errors_become_prospero_errors(
         assert "boom" in str(info.value)
 
 
-async def test_an_acp_task_reaches_the_pod_and_kubectl_shows_it(harness: K8sHarness, tmp_path: Path) -> None:
+async def test_an_acp_task_reaches_the_pod_and_kubectl_shows_it(
+    harness: K8sHarness, tmp_path: Path
+) -> None:
     """Issue 13's "done when", the K8sFleet half: kubectl sees the CR Prospero applied with
     `driveProtocol: acp`, and the pod's caliband is asked for an ACP agent."""
     h = harness
@@ -451,7 +489,9 @@ async def test_an_acp_task_reaches_the_pod_and_kubectl_shows_it(harness: K8sHarn
         h.workspace, h.long_running_spec(drive_protocol="acp"), posture="supervised"
     )
     kubectl = shutil.which("kubectl")
-    assert kubectl is not None, "kubectl is missing: apt-get install kubernetes-client (.ci/run does)"
+    assert kubectl is not None, (
+        "kubectl is missing: apt-get install kubernetes-client (.ci/run does)"
+    )
     proc = await asyncio.create_subprocess_exec(
         kubectl,
         "--kubeconfig",
@@ -497,13 +537,23 @@ class Watched:
         return sum(
             1
             for method, path in self.kube.app.requests
-            if method == "GET" and path.split("?")[0].endswith("/calibantasks") and "watch=" not in path
+            if method == "GET"
+            and path.split("?")[0].endswith("/calibantasks")
+            and "watch=" not in path
         )
 
     def watches(self) -> list[str]:
         return [p for m, p in self.kube.app.requests if m == "GET" and "watch=" in p]
 
-    def put(self, name: str, *, ws: str = "app", ns: str = NS, phase: str | None = None, skewed: bool = False) -> None:
+    def put(
+        self,
+        name: str,
+        *,
+        ws: str = "app",
+        ns: str = NS,
+        phase: str | None = None,
+        skewed: bool = False,
+    ) -> None:
         """Another client's write (it reaches watchers as ADDED or MODIFIED)."""
         obj: dict[str, Any] = {
             "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
@@ -539,7 +589,9 @@ async def watched(tmp_path: Path) -> AsyncIterator[Watched]:
         await kube.stop()
 
 
-async def test_other_clients_changes_reach_the_listing_without_another_list(watched: Watched) -> None:
+async def test_other_clients_changes_reach_the_listing_without_another_list(
+    watched: Watched,
+) -> None:
     w, cache = watched, watched.provider.cache
     w.put("ct-a")
     assert await w.listed() == {"ct-a": AgentStatus.spawning}
@@ -559,7 +611,9 @@ async def test_other_clients_changes_reach_the_listing_without_another_list(watc
     assert await w.listed() == {"ct-a": AgentStatus.running}
     assert cache.resource_version == str(w.kube.store.rv)
     # the provider's own writes are read back at once, still without a LIST
-    reply = await w.provider.spawn(w.workspace, SpawnSpec(initial_prompt="mine", isolation_worktree=False))
+    reply = await w.provider.spawn(
+        w.workspace, SpawnSpec(initial_prompt="mine", isolation_worktree=False)
+    )
     assert reply.created and reply.id in await w.listed()
     await w.provider.kill(w.workspace, reply.id)
     assert reply.id not in await w.listed()
@@ -571,7 +625,6 @@ async def test_bookmarks_advance_the_resource_version(watched: Watched) -> None:
     await w.listed()
     await w.watching()
     w.put("ct-x", ns="elsewhere")  # a revision this namespace's watch never sees
-    await asyncio.sleep(0.05)
     assert cache.resource_version == str(w.kube.store.rv - 1)
     w.kube.bookmark()
     await wait_until(lambda: cache.bookmarks == 1, 5)
@@ -579,7 +632,9 @@ async def test_bookmarks_advance_the_resource_version(watched: Watched) -> None:
     assert cache.lists == 1 and cache.tasks == {}
 
 
-async def test_a_cut_watch_resumes_and_a_compacted_one_relists_missing_nothing(watched: Watched) -> None:
+async def test_a_cut_watch_resumes_and_a_compacted_one_relists_missing_nothing(
+    watched: Watched,
+) -> None:
     w, cache = watched, watched.provider.cache
     w.put("ct-a")
     w.put("ct-b")
@@ -629,7 +684,9 @@ async def test_a_skewed_cr_in_a_watch_event_is_skipped_and_counted(watched: Watc
     assert cache.lists == 1 and cache.ready
 
 
-async def test_an_unreachable_api_server_fails_the_listing_and_close_leaves_no_task(watched: Watched) -> None:
+async def test_an_unreachable_api_server_fails_the_listing_and_close_leaves_no_task(
+    watched: Watched,
+) -> None:
     w, cache = watched, watched.provider.cache
     w.put("ct-a")
     assert set(await w.listed()) == {"ct-a"}

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from prospero.testkit import acp_scripts as S
+from tests.support import wait_until
 
 TURNS = 60
 CHUNKS = 8
@@ -104,16 +105,20 @@ class AcpOperator:
             self.routed.append(f"{op} via {rid} (owner {owner})")
         return r.status_code
 
-    async def answer(self, decision_id: str) -> None:
-        while True:
+    async def answer(self, decision_id: str, within: float = 30.0) -> None:
+        """Allow the decision through a non-owner; retried while no replica can take it
+        (no owner yet, 503) until `within`."""
+
+        async def answered() -> bool:
             code = await self._post(
                 f"/api/decisions/{decision_id}", {"option_id": "allow-once"}, "answer"
             )
+            assert code in (None, 200, 503), code
             if code == 200:
                 self.answered_via = self.routed[-1]
-                return
-            assert code in (None, 503), code
-            await asyncio.sleep(0.05)  # bounded by the caller's wait
+            return code == 200
+
+        await wait_until(answered, within, interval=0.05, what="the answer through a non-owner")
 
     async def drive(self) -> None:
         """Input k once k turns have ended (spawn prompt = turn 0); resend an input that a
@@ -139,14 +144,16 @@ class AcpOperator:
                 if owner is not None and owner != owner_then and loop.time() - waiting_since > 3:
                     self.sent -= 1  # the input died queued in its old owner: send it again
                     waiting_since = None
-            await asyncio.sleep(0.1)  # the operator's pace
+            # The operator's pace: look again in 0.1 s, or leave at once when told to stop.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 0.1)
 
-    async def end(self) -> None:
-        while True:
-            code = await self._post(f"/api/agents/{self.agent}/end-input", None, "end-input")
-            if code == 202:
-                return
-            await asyncio.sleep(0.1)  # bounded by the caller's wait
+    async def end(self, within: float = 60.0) -> None:
+        async def ended() -> bool:
+            path = f"/api/agents/{self.agent}/end-input"
+            return await self._post(path, None, "end-input") == 202
+
+        await wait_until(ended, within, interval=0.1, what="end-input through a non-owner")
 
 
 def check_acp(events: list[dict[str, Any]]) -> list[str]:

@@ -158,7 +158,7 @@ async def test_sigkill_the_owner_replica_at_random_moments(rig: Rig) -> None:
         return bool(found)
 
     await wait_until(asked, 30, interval=0.05, what="the ACP agent's permission request")
-    await asyncio.wait_for(op.answer(decision["id"]), 30)
+    await op.answer(decision["id"], within=30)
 
     async def acp_has(text: str) -> bool:
         return text in "".join(e["kind"].get("chunk", "") for e in await op.events())
@@ -226,7 +226,7 @@ async def test_sigkill_the_owner_replica_at_random_moments(rig: Rig) -> None:
     assert len(kill_log) >= KILLS, f"agents ended after {len(kill_log)} kills"
     op.stop.set()
     await asyncio.wait_for(driving, 30)
-    await asyncio.wait_for(op.end(), 60)
+    await op.end(within=60)
     url = next(iter(rig.replicas.values())).url
 
     async def caught_up() -> bool:

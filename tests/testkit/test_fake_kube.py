@@ -10,7 +10,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from prospero.testkit.fake_kube import FakeKube
+from tests.support import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s"
 REPO = Path(__file__).resolve().parents[2]
@@ -51,21 +52,6 @@ def task(name: str, prompt: str = "fix the tests", **labels: str) -> dict[str, A
         "metadata": meta,
         "spec": {"workspaceRef": {"name": "app"}, "task": {"prompt": prompt}},
     }
-
-
-async def until(
-    cond: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout: float = 5.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -153,7 +139,7 @@ async def test_kubectl_server_side_apply_get_watch_delete(
         doc = json.loads(await kubectl.ok("get", "calibantasks", "-o", "json"))
         return [i.get("status", {}).get("phase") for i in doc["items"]] == ["Running"]
 
-    await until(running)
+    await wait_until(running, 5.0, interval=0.02, what="the task Running")
     doc = json.loads(await kubectl.ok("get", "calibantasks", "-o", "json", "--show-managed-fields"))
     (item,) = doc["items"]
     assert item["spec"]["task"] == {
@@ -222,7 +208,9 @@ async def test_kubectl_server_side_apply_get_watch_delete(
         env=kubectl.env,
     )
     try:
-        await until(lambda: len(fake.store.watchers) > watching)
+        await wait_until(
+            lambda: len(fake.store.watchers) > watching, 5.0, interval=0.02, what="a new watch"
+        )
         r = await http.patch(
             f"{BASE}/ct-0123456789abcdef",
             json={"metadata": {"labels": {"seen": "yes"}}},
@@ -430,7 +418,9 @@ async def test_watch_events_bookmarks_and_410(fake: FakeKube, http: httpx.AsyncC
     async with http.stream("GET", BASE, params=params) as resp:
         assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
         assert resp.headers.get("transfer-encoding") == "chunked"
-        await until(lambda: len(fake.store.watchers) == 1)
+        await wait_until(
+            lambda: len(fake.store.watchers) == 1, 5.0, interval=0.02, what="one watch"
+        )
         await http.patch(f"{BASE}/w1", json={"spec": {"tools": ["Bash"]}}, headers=MERGE)
         await http.post(BASE, json=task("w2"))
         await http.delete(f"{BASE}/w1")
@@ -501,7 +491,9 @@ async def test_watch_label_selector_turns_leaving_into_deleted(
     async with http.stream(
         "GET", BASE, params={"watch": "1", "resourceVersion": rv, "labelSelector": "team=a"}
     ) as resp:
-        await until(lambda: len(fake.store.watchers) == 1)
+        await wait_until(
+            lambda: len(fake.store.watchers) == 1, 5.0, interval=0.02, what="one watch"
+        )
         await http.patch(f"{BASE}/s1", json={"metadata": {"labels": {"team": "b"}}}, headers=MERGE)
         await http.patch(f"{BASE}/s1", json={"metadata": {"labels": {"team": "a"}}}, headers=MERGE)
         evs = await _events(resp, 2)
