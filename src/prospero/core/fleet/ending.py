@@ -24,16 +24,21 @@ log = logging.getLogger(__name__)
 
 
 class RunEnding(FleetState):
-    async def _conclude(self, agent_id: str, driver: AgentDriver) -> None:
+    async def _conclude(
+        self, agent_id: str, driver: AgentDriver, ending: tuple[str, str] | None = None
+    ) -> None:
         """Fallback end of a closed driver whose agent is terminal but whose run never ended
-        in the stream: the driver closes open tool calls and emits agent_finished (once)."""
+        in the stream: the driver closes open tool calls and emits agent_finished (once).
+        `ending` (outcome, detail) when the caller knows why; else from the listed status."""
         conclude = getattr(driver, "conclude", None)
         slot = self._slots.get(agent_id)
         if conclude is None or driver.finished or slot is None or slot.record is None:
             return
         status = slot.record.status
-        outcome = concluding_outcome(status)
-        detail = f"caliband reports the agent {status.value}; the end of its run was never seen"
+        outcome, detail = ending or (
+            concluding_outcome(status),
+            f"caliband reports the agent {status.value}; the end of its run was never seen",
+        )
         try:
             await conclude(outcome, detail)
         except Exception as e:

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import os
 
-from prospero.core.aio import wait_for
 from prospero.core.drivers.base import AgentDriver
 from prospero.core.errors import (
     AgentNotFound,
@@ -28,6 +27,8 @@ from prospero.core.wire.control import AgentRecord, SpawnSpec
 from prospero.types.api import SpawnedResponse, SpawnRequest
 from prospero.types.events import AgentGone, AgentSpawned, now_ts
 from prospero.types.model import Agent, AgentMeta, AgentStatus, DriveProtocol, RegisteredWorkspace
+
+KILLED_BY_REMOVAL = ("killed", "killed by the operator: its CalibanTask was deleted")
 
 
 class AgentOperations(FleetState):
@@ -136,7 +137,10 @@ class AgentOperations(FleetState):
             # The provider's kill removes the agent (K8s: its CalibanTask is deleted, the pod
             # goes with it), so no terminal status will ever be listed: the driver stops
             # reading and records the end itself now, under the agent's lease.
-            await self._conclude_removed(agent_id, slot)
+            # The lease is kept until the agent is gone from the listing.
+            await self._close_driver(
+                agent_id, conclude=True, ending=KILLED_BY_REMOVAL, release=False
+            )
         await self.provider.kill(ws, agent_id)
         await self.poll_workspace(ws.name)  # sees `killed`: nudges the driver to conclude
 
@@ -207,22 +211,6 @@ class AgentOperations(FleetState):
         if drive_protocol(slot.record, slot.meta) == "ndjson" and not any_protocol:
             return None
         return await self.routing.owner_elsewhere(agent_id, op)
-
-    async def _conclude_removed(self, agent_id: str, slot: AgentSlot) -> None:
-        """Close the driver of an agent the provider is about to remove and record its end
-        (`agent_finished{killed}`, open tool calls closed). The lease is kept until the agent
-        is gone from the listing, so the closing events are written under it."""
-        driver = slot.driver
-        if driver is None:
-            return
-        await driver.close()
-        if slot.task is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await wait_for(asyncio.shield(slot.task), 5.0)
-        with contextlib.suppress(ProsperoError):
-            await driver.conclude("killed", "killed by the operator: its CalibanTask was deleted")
-        if driver.finished:
-            await self._on_finished(agent_id)
 
     async def _relay(self, owner: str, agent_id: str, op: RelayOp, **args: str) -> None:
         assert self.routing is not None

@@ -142,10 +142,19 @@ class DriverSupervision(FleetState):
         if n:
             log.info("agent %s: %d pending decision(s) cancelled: %s", agent_id, n, reason)
 
-    async def _close_driver(self, agent_id: str, *, conclude: bool = False) -> None:
+    async def _close_driver(
+        self,
+        agent_id: str,
+        *,
+        conclude: bool = False,
+        ending: tuple[str, str] | None = None,
+        release: bool = True,
+    ) -> None:
         """Close the agent's driver. With `conclude` (a terminal agent whose run never ended
         in the stream), the driver records the end itself once closed (contract 4:
-        `conclude` is a no-op for a driver that already finished)."""
+        `conclude` is a no-op for a driver that already finished), as `ending` (outcome,
+        detail) when given. `release=False` keeps the agent's lease (the caller still acts
+        on the agent as its owner)."""
         slot = self._slots.get(agent_id)
         if slot is None or slot.driver is None:
             return
@@ -155,8 +164,9 @@ class DriverSupervision(FleetState):
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await wait_for(asyncio.shield(slot.task), 5.0)
         if conclude:
-            await self._conclude(agent_id, driver)
-        await self.ownership.release(agent_id)
+            await self._conclude(agent_id, driver, ending)
+        if release:
+            await self.ownership.release(agent_id)
 
     async def wait_driver(self, agent_id: str, timeout: float | None = None) -> DriverExit | None:
         """Test/ops helper: wait for the agent's current driver run to end."""
