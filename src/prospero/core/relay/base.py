@@ -21,6 +21,7 @@ Guarantees every implementation gives (tests/conformance/relay.py):
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol
 
@@ -44,6 +45,13 @@ class RelayedCall(BaseModel):
     agent_id: str
     op: RelayOp
     args: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def new(
+        cls, target: str, agent_id: str, op: RelayOp, args: dict[str, Any] | None
+    ) -> RelayedCall:
+        """A call with a fresh id."""
+        return cls(id=uuid.uuid4().hex, target=target, agent_id=agent_id, op=op, args=args or {})
 
 
 class RelayOutcome(BaseModel):

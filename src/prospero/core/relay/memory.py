@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,9 +61,7 @@ class MemoryRelay:
         *,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> Any:
-        call = RelayedCall(
-            id=uuid.uuid4().hex, target=target, agent_id=agent_id, op=op, args=args or {}
-        )
+        call = RelayedCall.new(target, agent_id, op, args)
         pending = _Pending(call, asyncio.get_running_loop().create_future())
         self.hub.waiting.setdefault(target, []).append(pending)
         self.hub.bell(target).set()

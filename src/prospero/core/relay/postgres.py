@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from typing import Any
 
 import asyncpg
@@ -197,9 +196,7 @@ class PgRelay(PgComponentStore):
         *,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> Any:
-        call = RelayedCall(
-            id=uuid.uuid4().hex, target=target, agent_id=agent_id, op=op, args=args or {}
-        )
+        call = RelayedCall.new(target, agent_id, op, args)
         woken = self._waiting[call.id] = asyncio.Event()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
