@@ -39,11 +39,14 @@ KILLS = 10
 REPLICAS = 3
 TTL = 2.0
 BEAT_MS = 500
-PACE = 0.006  # seconds per line: a 7,000-line run streams for ~45 s
+PACE = 0.006  # seconds per line: a 9,000-line run streams for ~54 s
 
 
 def scenario() -> Scenario:
-    long = ScriptSpec(kind="long", n=7000, per_turn=500)
+    # Long enough that the agents are still streaming when the 10th kill lands on a loaded
+    # machine: each kill costs a takeover (~TTL) plus the wait for its moment (CI measured ~4.5 s
+    # a kill; at 7,000 lines the agents ended after 9).
+    long = ScriptSpec(kind="long", n=9000, per_turn=500)
     return Scenario(
         agents=(
             ScenarioAgent(prompt="plain", script=long, plan=FaultPlan(line_delay=PACE)),
