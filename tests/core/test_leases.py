@@ -5,6 +5,7 @@ and LeaseKeeper (renewal, loss reporting, conservative `owns`) on both."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
@@ -494,24 +495,41 @@ async def test_keeper_on_pg_loses_to_a_takeover_after_a_pause(pg_dsn: str) -> No
     await b.open()
     gate = Gate(a)
     lost: list[Lease] = []
-    keeper = LeaseKeeper(gate, "r1", ttl=0.5, heartbeat=0.1, on_lost=lost.append)
+    # The keeper's deadlines run on this host's monotonic clock, the lease's expiry on the
+    # server's wall clock: the margin is what a deployment gives for the two to disagree (rate
+    # drift, scheduling). CI once saw `owns` still true at the takeover with no margin; the
+    # message below says by how much, and how far the two clocks moved apart meanwhile.
+    keeper = LeaseKeeper(gate, "r1", ttl=0.5, heartbeat=0.1, margin=0.05, on_lost=lost.append)
+
+    async def offset() -> float:  # server wall clock - local monotonic clock
+        t0 = time.monotonic()
+        server = await b.now()
+        return server - (t0 + time.monotonic()) / 2
+
     try:
+        before = await offset()
         mine = await keeper.acquire("a1")
         assert mine is not None
+        deadline = keeper._held["a1"].deadline
         gate.pause()  # renewals stop reaching the database
         taken: list[Lease] = []
-        owned_at_takeover: list[bool] = []
+        owned_at_takeover: list[tuple[bool, float]] = []
 
         async def take() -> bool:
             got = await b.acquire("a1", "r2", LONG)
             if got is not None:
-                owned_at_takeover.append(keeper.owns("a1"))
+                owned_at_takeover.append((keeper.owns("a1"), deadline - time.monotonic()))
                 taken.append(got)
             return got is not None
 
         await wait_until(take, timeout=30, interval=0.02, what="r2 takes the lapsed lease")
+        after = await offset()
         # Conservative: the keeper stopped claiming it before the authority gave it away.
-        assert owned_at_takeover == [False]
+        assert [owned for owned, _ in owned_at_takeover] == [False], (
+            f"keeper deadline {owned_at_takeover[0][1]:+.4f}s from the takeover and "
+            f"{deadline - (mine.expires_at - before):+.4f}s from the server's expiry (on the "
+            f"monotonic clock); the clocks moved apart by {after - before:+.4f}s meanwhile"
+        )
         assert taken[0].epoch == mine.epoch + 1
         await wait_until(lambda: bool(lost), timeout=10, what="loss reported")
         assert lost == [mine] and keeper.lost == {"a1"}
