@@ -11,7 +11,8 @@ from typing import Protocol, runtime_checkable
 
 from prospero.core.transport import NetworkSecurity
 from prospero.core.wire.control import AgentRecord, Endpoint, SpawnedReply, SpawnSpec
-from prospero.types.model import Posture, RegisteredWorkspace
+from prospero.types.k8s import K8sWorkspaceView, WorkspaceAccepted, WorkspaceConfig
+from prospero.types.model import Posture, RegisteredWorkspace, Source
 
 
 @runtime_checkable
@@ -56,3 +57,29 @@ class PostureSpawner(Protocol):
     async def spawn(
         self, ws: RegisteredWorkspace, spec: SpawnSpec, *, posture: Posture | None = None
     ) -> SpawnedReply: ...
+
+
+class WorkspaceAdmin(Protocol):
+    """Workspaces defined outside Prospero's config store (K8sWorkspaces: the `Workspace` CRs),
+    handed to the FleetManager explicitly (`workspace_admin=`). It is then the manager's
+    registry: every workspace it lists is polled, and writes go through it (answered 202: the
+    backend reconciles them asynchronously). Without one (LocalFleet), the registry is the
+    config store."""
+
+    async def list_workspaces(self) -> list[RegisteredWorkspace]:
+        """The registry, in name order."""
+        ...
+
+    def sources(self, name: str) -> list[Source]:
+        """The workspace's sources as last listed (for the snapshot)."""
+        ...
+
+    async def views(self) -> list[K8sWorkspaceView]: ...
+
+    async def apply(
+        self, name: str, config: WorkspaceConfig, *, create: bool
+    ) -> WorkspaceAccepted: ...
+
+    async def delete(self, name: str) -> bool:
+        """Idempotent: False when there was nothing to delete."""
+        ...

@@ -58,8 +58,8 @@ class ObjectMeta(_Cr):
 
 class IsolationSpec(_Cr):
     runtime_class: str | None = None
-    # The operator's own type is a strategy string (e.g. `per-source`); the CRD shipped with
-    # the testkit declares a boolean. Both decode: Prospero never writes it.
+    # The operator's worktree strategy (e.g. `per-source`), a string as in deploy/crds/ (the
+    # config plane writes it from `isolation.worktrees`); a boolean (an older CRD) still decodes.
     worktrees: str | bool | None = None
 
 

@@ -11,7 +11,9 @@ For each `CalibanTask` without a settled phase it writes, through the `status` s
 of the caliband "pod" that serves it (e.g. a `FakeCaliband` TCP listener), or None to leave
 the task Provisioning until `retry()`. The real operator leaves `Running` for good; a test
 ends a run with `finish(ns, name, "Completed" | "Failed")`. A `Workspace` whose generation the
-status has not observed goes Reconciling → Ready with `observedGeneration`.
+status has not observed goes Reconciling → Ready with the `observedGeneration` it reconciled
+(a spec changed meanwhile is reconciled again). The fake never fails a Workspace and reads no
+Secret: a `credentialsRef` is only a name to it, as it is to Prospero.
 
 The spec's phases are `Pending, Provisioning, Running, Draining, Completed, Failed`
 (caliband-wire.md §8.1): there is no `Succeeded`.
@@ -192,16 +194,23 @@ class FakeOperator:
         return out
 
     async def _workspace_steps(self, ns: str, name: str) -> None:
-        for phase in ("Reconciling", "Ready"):
+        """Reconciling, then Ready with the generation it reconciled; again while the spec
+        moved on meanwhile (a change made while this ran is reconciled, not dropped)."""
+        while True:
             obj = self.kube.store.get(WORKSPACES, ns, name)
-            if obj is None:
+            if obj is None or obj["metadata"].get("deletionTimestamp"):
                 return
-            status: dict[str, Any] = {"phase": phase}
-            if phase == "Ready":
-                status["observedGeneration"] = obj["metadata"].get("generation", 1)
-            if self._write_status("workspaces", "Workspace", ns, name, status) is None:
+            generation = obj["metadata"].get("generation", 1)
+            status = obj.get("status") or {}
+            if status.get("phase") == "Ready" and status.get("observedGeneration") == generation:
                 return
-            await self._pause()
+            for phase in ("Reconciling", "Ready"):
+                step: dict[str, Any] = {"phase": phase}
+                if phase == "Ready":
+                    step["observedGeneration"] = generation
+                if self._write_status("workspaces", "Workspace", ns, name, step) is None:
+                    return
+                await self._pause()
 
     def finish(self, ns: str, name: str, phase: str = "Completed") -> dict[str, Any] | None:
         """End a task's run the way the operator would report it (Completed or Failed)."""
