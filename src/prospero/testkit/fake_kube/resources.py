@@ -2,8 +2,10 @@
 
 A `ResourceType` is one (group, version, plural): kind, scope, short names, verbs, whether it
 has a `status` subresource, and for custom resources the CRD's OpenAPI schema. Built-in types
-(core `v1` namespaces and secrets, `apiextensions.k8s.io/v1` customresourcedefinitions) are
-fixed; custom resources appear when a CRD is stored and disappear with it, as on a real
+(core `v1` namespaces, secrets, services, serviceaccounts and persistentvolumeclaims, `apps/v1`
+deployments, `rbac.authorization.k8s.io/v1` roles and rolebindings,
+`apiextensions.k8s.io/v1` customresourcedefinitions) are fixed; the workload kinds among them
+carry the lightkube model they are decoded against (`builtin_kinds.py`); custom resources appear when a CRD is stored and disappear with it, as on a real
 cluster, so `kubectl apply -f deploy/crds/` against an empty fake makes `calibantasks` appear.
 
 Discovery is the legacy (unaggregated) form: `/api`, `/api/v1`, `/apis`, `/apis/<g>`,
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from lightkube.models import apps_v1, core_v1, rbac_v1
 
 ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
@@ -34,6 +38,8 @@ class ResourceType:
     schema: dict[str, Any] | None = None  # openAPIV3Schema of a custom resource
     custom: bool = False  # served from a CRD (unstructured: list items keep kind/apiVersion)
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
+    model: Any = None  # a built-in workload kind's lightkube model (its Go type's fields)
+    generation: bool = False  # the server keeps metadata.generation (built-ins that have it)
 
     @property
     def api_version(self) -> str:
@@ -101,7 +107,32 @@ CRDS = ResourceType(
     categories=["api-extensions"],
     status_subresource=True,
 )
-BUILTIN = [NAMESPACES, SECRETS, CRDS]
+SERVICES = ResourceType(
+    "", "v1", "services", "Service", True, "service", ["svc"], categories=["all"],
+    status_subresource=True, model=core_v1.Service,
+)
+SERVICE_ACCOUNTS = ResourceType(
+    "", "v1", "serviceaccounts", "ServiceAccount", True, "serviceaccount", ["sa"],
+    model=core_v1.ServiceAccount,
+)
+PVCS = ResourceType(
+    "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, "persistentvolumeclaim",
+    ["pvc"], status_subresource=True, model=core_v1.PersistentVolumeClaim,
+)
+DEPLOYMENTS = ResourceType(
+    "apps", "v1", "deployments", "Deployment", True, "deployment", ["deploy"],
+    categories=["all"], status_subresource=True, model=apps_v1.Deployment, generation=True,
+)
+ROLES = ResourceType(
+    "rbac.authorization.k8s.io", "v1", "roles", "Role", True, "role", model=rbac_v1.Role
+)
+ROLE_BINDINGS = ResourceType(
+    "rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, "rolebinding",
+    model=rbac_v1.RoleBinding,
+)
+BUILTIN = [
+    NAMESPACES, SECRETS, SERVICES, SERVICE_ACCOUNTS, PVCS, DEPLOYMENTS, ROLES, ROLE_BINDINGS, CRDS,
+]
 
 
 def from_crd(crd: dict[str, Any]) -> list[ResourceType]:

@@ -7,7 +7,15 @@ Semantics kept: server-set metadata (`uid`, `creationTimestamp`, `resourceVersio
 resource and gets 409 Conflict when it is stale), create-on-apply, status resets (the main
 resource ignores `status`, `/status` ignores everything else), finalizers (delete sets
 `deletionTimestamp` and the object goes when its finalizers are cleared), `dryRun=All`,
-no-op writes (no new revision, no event), and CRDs registering their resources.
+no-op writes (no new revision, no event), and CRDs registering their resources. The built-in
+workload kinds (Deployment, Service, ...) are decoded, defaulted and validated by
+`builtin_kinds.py`.
+
+`dryRun=All` on create, update, patch, apply and delete runs everything (decoding, defaulting,
+validation, conflicts, managedFields) and answers with the object the write would have stored,
+but stores nothing: no revision is taken, no event is sent, nothing is allocated. As on the
+apiserver, a dry-run create's answer has a `uid` and `creationTimestamp` but no
+`resourceVersion`; a dry-run update keeps the current one. Any other `dryRun` value is 422.
 """
 
 from __future__ import annotations
@@ -23,7 +31,15 @@ from typing import Any
 
 import yaml
 
-from prospero.testkit.fake_kube import errors, managed, patches, resources, schema
+from prospero.testkit.fake_kube import (
+    builtin_kinds,
+    errors,
+    managed,
+    patches,
+    resources,
+    schema,
+    typed,
+)
 from prospero.testkit.fake_kube.errors import KubeError
 from prospero.testkit.fake_kube.resources import ResourceType
 from prospero.testkit.fake_kube.selectors import field_matcher, label_matcher
@@ -63,6 +79,7 @@ class Kube:
         self.store = store or Store()
         self.registry = resources.Registry()
         self.warnings: list[str] = []  # per-request Warning headers (reset by the caller)
+        self.ips = builtin_kinds.Allocator(self._cluster_ips)
         for ns in SYSTEM_NAMESPACES:
             self.create(resources.NAMESPACES, "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, Params({}), "kube-apiserver")
 
@@ -106,19 +123,30 @@ class Kube:
             meta["name"] = url_name
         return obj
 
-    def _validate(self, rt: ResourceType, obj: dict[str, Any], params: Params) -> dict[str, Any]:
+    def _cluster_ips(self) -> set[str]:
+        out: set[str] = set()
+        for svc in self.store.items(resources.SERVICES.key, None):
+            out.update((svc.get("spec") or {}).get("clusterIPs") or [])
+        return out
+
+    def _unknown_fields(self, rt: ResourceType, unknown: list[str], params: Params) -> None:
+        mode = params.get("fieldValidation", "Warn")
+        if unknown and mode == "Strict":
+            raise errors.bad_request(schema.unknown_field_message(rt.kind, rt.version, unknown))
+        if unknown and mode == "Warn":
+            self.warnings.extend(f'unknown field "{u}"' for u in unknown)
+
+    def _validate(self, rt: ResourceType, obj: dict[str, Any], params: Params, old: dict[str, Any] | None = None) -> dict[str, Any]:
         meta = obj["metadata"]
         causes = schema.check_metadata(meta)
         if rt.custom:
             obj, outcome = schema.check_custom(rt.schema, obj)
             causes += outcome.causes
-            mode = params.get("fieldValidation", "Warn")
-            if outcome.unknown and mode == "Strict":
-                raise errors.bad_request(
-                    schema.unknown_field_message(rt.kind, rt.version, outcome.unknown)
-                )
-            if outcome.unknown and mode == "Warn":
-                self.warnings.extend(f'unknown field "{u}"' for u in outcome.unknown)
+            self._unknown_fields(rt, outcome.unknown, params)
+        elif rt.model is not None:
+            unknown, more = builtin_kinds.check(rt, obj, old)
+            self._unknown_fields(rt, unknown, params)
+            causes += more
         elif rt is resources.CRDS:
             causes += self._crd_causes(obj)
         if causes:
@@ -145,7 +173,7 @@ class Kube:
         meta["creationTimestamp"] = now()
         for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
             meta.pop(k, None)
-        if rt.custom or rt is resources.CRDS:
+        if rt.custom or rt.generation or rt is resources.CRDS:
             meta["generation"] = 1
         else:
             meta.pop("generation", None)
@@ -157,6 +185,8 @@ class Kube:
             self._secret(obj)
         if rt is resources.CRDS:
             self._crd_status(obj)
+        if rt.model is not None:
+            builtin_kinds.on_create(rt.kind, obj, self.ips)
 
     def _secret(self, obj: dict[str, Any]) -> None:
         string_data = obj.pop("stringData", None) or {}
@@ -291,6 +321,7 @@ class Kube:
             raise errors.bad_request(f'resourceVersion: Invalid value: "{s}": must be an integer') from e
 
     def create(self, rt: ResourceType, ns: str, body: Any, params: Params, ua: str, sub: str = "") -> dict[str, Any]:
+        _dry_run_option(params, "CreateOptions")
         if sub:
             raise errors.method_not_supported(f"{rt.plural}/{sub}", rt.group, "create")
         obj = self._check_body(rt, ns, body, None)
@@ -335,11 +366,14 @@ class Kube:
             new["spec"], new["status"] = old.get("spec"), old.get("status")
         if rt is resources.SECRETS:
             self._secret(new)
+        if rt.model is not None:
+            builtin_kinds.on_update(rt.kind, old, new)
         if "generation" in om and self._spec_changed(old, new):
             nm["generation"] = om["generation"] + 1
         return new
 
     def update(self, rt: ResourceType, ns: str, name: str, body: Any, params: Params, ua: str, sub: str = "") -> dict[str, Any]:
+        _dry_run_option(params, "UpdateOptions")
         obj = self._check_body(rt, ns, body, name)
         key_ns = ns if rt.namespaced else ""
         old = self.store.get(rt.key, key_ns, name)
@@ -351,12 +385,13 @@ class Kube:
         if rv and rv != old["metadata"]["resourceVersion"]:
             raise errors.conflict(rt.plural, rt.group, name)
         new = self._carry(rt, old, obj, sub)
-        new = self._validate(rt, new, params)
+        new = self._validate(rt, new, params, old)
         managed.record_update(old, new, manager=manager_of(params, ua), sub=sub, status_subresource=rt.status_subresource, now=now())
         return self._commit(rt, old, new, params)
 
     def patch(self, rt: ResourceType, ns: str, name: str, content_type: str, raw: bytes, params: Params, ua: str, sub: str = "") -> tuple[dict[str, Any], bool]:
         """Returns (object, created): only an apply may create."""
+        _dry_run_option(params, "PatchOptions")
         ctype = content_type.split(";")[0].strip()
         accepted = patches.CUSTOM_PATCH_TYPES if rt.custom else patches.BUILTIN_PATCH_TYPES
         if ctype not in accepted:
@@ -386,7 +421,7 @@ class Kube:
         patched["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         obj = self._check_body(rt, ns, patched, name)
         new = self._carry(rt, old, obj, sub)
-        new = self._validate(rt, new, params)
+        new = self._validate(rt, new, params, old)
         managed.record_update(old, new, manager=manager_of(params, ua), sub=sub, status_subresource=rt.status_subresource, now=now())
         return self._commit(rt, old, new, params), False
 
@@ -399,12 +434,16 @@ class Kube:
         except yaml.YAMLError as e:
             raise errors.bad_request(f"error decoding YAML: {e}") from e
         applied = self._check_body(rt, ns, applied, name)
-        if rt.custom:
-            _checked, outcome = schema.check_custom(rt.schema, copy.deepcopy(applied))
-            if outcome.unknown:
+        if rt.custom or rt.model is not None:
+            if rt.custom:
+                _checked, outcome = schema.check_custom(rt.schema, copy.deepcopy(applied))
+                undeclared = outcome.unknown
+            else:
+                undeclared = typed.check(rt.model, rt.kind, rt.version, applied).unknown
+            if undeclared:
                 # the applied configuration must type-check against the schema, whatever
                 # fieldValidation says: structured-merge-diff's plain error, a 500 Status
-                errs = [f"{'.' + u}: field not declared in schema" for u in outcome.unknown]
+                errs = [f"{'.' + u}: field not declared in schema" for u in undeclared]
                 detail = errs[0] if len(errs) == 1 else "errors:\n  " + "\n  ".join(errs)
                 where = f"{ns}/{name}" if rt.namespaced else f"/{name}"
                 raise KubeError(500, "", f"failed to create typed patch object ({where}; {rt.api_version}, Kind={rt.kind}): {detail}")
@@ -424,10 +463,18 @@ class Kube:
             return self._commit(rt, None, merged, params), True
         merged["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         new = self._carry(rt, old, merged, sub)
-        new = self._validate(rt, new, params)
+        new = self._validate(rt, new, params, old)
         return self._commit(rt, old, new, params), False
 
     def delete(self, rt: ResourceType, ns: str, name: str, options: dict[str, Any], params: Params) -> dict[str, Any]:
+        """`options` is the request's DeleteOptions body; when it has one, its `dryRun` (a list,
+        as kubectl sends it) counts, not the query's."""
+        if options:
+            dry = options.get("dryRun") or []
+            if not isinstance(dry, list) or len(dry) > 1:
+                dry = [",".join(map(str, dry))] if isinstance(dry, list) else [str(dry)]
+            params = Params({**params.q, "dryRun": dry[0] if dry else ""})
+        _dry_run_option(params, "DeleteOptions")
         key_ns = ns if rt.namespaced else ""
         old = self.store.get(rt.key, key_ns, name)
         if old is None:
@@ -467,6 +514,16 @@ class Kube:
             m = o["metadata"]
             self.delete(rt, m.get("namespace", ""), m["name"], {}, params)
         return listed
+
+
+def _dry_run_option(params: Params, options_kind: str) -> None:
+    """`dryRun` may only be `All` (the apiserver's ValidateDryRun: 422 on the options kind)."""
+    value = params.get("dryRun")
+    if value and value != "All":
+        raise errors.invalid(options_kind, "meta.k8s.io", "", [{
+            "reason": "FieldValueNotSupported", "field": "dryRun",
+            "message": f'Unsupported value: []string{{"{value}"}}: supported values: "All"',
+        }])
 
 
 def _okey(o: dict[str, Any]) -> str:
