@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -100,14 +99,27 @@ async def k8s_stack(make_stack: StackFactory, cluster: Cluster, **config: Any) -
     return await make_stack(workspace=False, fleet_backend=cfg.fleet_backend, k8s=cfg.k8s, **config)
 
 
-async def register(stack: Stack, name: str) -> None:
-    """A workspace under the k8s backend: its name is the CRs' `spec.workspaceRef.name`; its
-    root is validated as for the local backend (an existing absolute directory, one per
-    workspace) and never read by K8sFleet."""
-    root = stack.tmp / name
-    root.mkdir()
-    r = await stack.client.post("/api/workspaces", json={"name": name, "root": str(root)})
-    assert r.status_code == 201, r.text
+# A workspace's config under the k8s backend: its Workspace CR's sources and providers (a
+# provider's key is a Secret in the cluster, named and never read by prosperod).
+K8S_CONFIG: dict[str, Any] = {
+    "sources": [{"name": "app", "repo": "https://git.example/app.git", "path": "/src/app"}],
+    "providers": [
+        {
+            "name": "claude",
+            "kind": "anthropic",
+            "credentials_ref": {"secret_name": "anthropic", "key": "api-key"},
+        }
+    ],
+}
+
+
+async def register(stack: Stack, name: str, config: dict[str, Any] | None = None) -> None:
+    """A workspace under the k8s backend is a Workspace CR (`spec.workspaceRef.name` of its
+    CalibanTasks): applied by `POST /api/workspaces` (202: the operator reconciles it), then in
+    the registry of every replica (the registry is the namespace's Workspace CRs)."""
+    body = {"name": name, "config": config or K8S_CONFIG}
+    r = await stack.client.post("/api/workspaces", json=body)
+    assert r.status_code == 202, r.text
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
@@ -127,14 +139,10 @@ async def test_prosperod_drives_a_k8s_fleet_through_the_api(
     provider = stack.runtime.manager.provider
     assert isinstance(provider, K8sFleet) and provider.namespace == NS
     await register(stack, "app")
-    # a provider whose key is not in prosperod's environment: on k8s the pods get their keys
-    # from the cluster's Secrets, so the spawn is not refused here (the local backend refuses)
-    assert "PROSPERO_K8S_TEST_NO_SUCH_KEY" not in os.environ
-    r = await stack.client.put(
-        "/api/workspaces/app/config",
-        json={"provider": "anthropic", "api_key_from_env": "PROSPERO_K8S_TEST_NO_SUCH_KEY"},
-    )
-    assert r.status_code == 204, r.text
+    # the provider's key is a Secret in the cluster, not in prosperod's environment: the pods
+    # get it, so the spawn is not refused here (the local backend refuses a missing key)
+    r = await stack.client.put("/api/workspaces/app/config", json=K8S_CONFIG)
+    assert r.status_code == 202, r.text
 
     # spawn: the agent id is the CR name; the CR carries the protocol and the posture
     agent = await stack.spawn(ws="app", prompt="fix it", posture="supervised")

@@ -123,11 +123,18 @@ def test_every_error_is_the_envelope(doc: dict[str, Any]) -> None:
 
 
 def test_bodies_and_media_types(doc: dict[str, Any]) -> None:
+    # a k8s workspace write answers 202 with the Workspace CR's phase (WorkspaceAccepted)
+    k8s_accepted = {("post", "/api/workspaces"), ("put", "/api/workspaces/{name}/config")}
     for method, path, op in operations(doc):
         for code, resp in op["responses"].items():
-            if code in ("201", "202", "204") and path != "/api/workspaces/{workspace}/agents":
+            if code == "202" and (method, path) in k8s_accepted:
+                schema = resp["content"]["application/json"]["schema"]
+                assert schema["$ref"].endswith("/WorkspaceAccepted"), (method, path)
+            elif code in ("201", "202", "204") and path != "/api/workspaces/{workspace}/agents":
                 assert "content" not in resp, (method, path, code)
     paths = doc["paths"]
+    assert set(paths["/api/workspaces"]["post"]["responses"]) >= {"201", "202"}
+    assert set(paths["/api/workspaces/{name}/config"]["put"]["responses"]) >= {"202", "204"}
     assert set(paths["/healthz"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     for sse in ("/api/stream", "/api/agents/{agent_id}/stream"):

@@ -15,8 +15,9 @@ see, because it happens outside the route handlers:
   `POST /api/session`, and `?access_token=` on the two SSE streams only; each operation lists
   them with the scope it needs (read < operate < admin) as the requirement's role name, or
   `security: []` when it is open;
-* 201/202/204 answers have no body; `/healthz` and `/metrics` are text/plain; the streams are
-  text/event-stream.
+* 201/202/204 answers have no body (but a k8s workspace write's 202, which carries the
+  Workspace CR's phase: `WorkspaceAccepted`); `/healthz` and `/metrics` are text/plain; the
+  streams are text/event-stream.
 
 The document is built once per app, on first request (`install_openapi`).
 """

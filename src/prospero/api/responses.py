@@ -8,7 +8,7 @@ import orjson
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from prospero.types.api import ErrorEnvelope
+from prospero.types.api import K8S_SUMMARY_TAIL, ErrorEnvelope
 
 
 def dump(model: BaseModel) -> Any:
@@ -31,8 +31,13 @@ def clean_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def clean_workspace(ws: dict[str, Any]) -> dict[str, Any]:
+    """A workspace on output: its config cleaned; the k8s-only tail keys omitted when unset
+    (a local workspace's payload is what it was before the k8s backend)."""
     if isinstance(ws.get("config"), dict):
         ws["config"] = clean_config(ws["config"])
+    for key in K8S_SUMMARY_TAIL:
+        if key in ws and ws[key] is None:
+            del ws[key]
     return ws
 
 

@@ -81,5 +81,10 @@ async def capabilities(st: State) -> Response:
     mgr = st.manager
     protocols = [p for p in mgr.driver_factory_names() if p == "ndjson" or mgr.config.allow_acp]
     return json_response(
-        Capabilities(admin=True, async_workspace_ops=False, drive_protocols=protocols)
+        Capabilities(
+            admin=True,
+            # k8s: workspace writes are reconciled by the operator (202)
+            async_workspace_ops=mgr.workspace_admin is not None,
+            drive_protocols=protocols,
+        )
     )

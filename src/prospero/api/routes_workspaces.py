@@ -1,13 +1,20 @@
-"""Workspace registry and per-workspace agents (prospero-surface.md §1.2)."""
+"""Workspace registry and per-workspace agents (prospero-surface.md §1.2).
+
+Local backend: workspaces are registered in prosperod's store (201 / 204, empty). k8s backend
+(the FleetManager has a workspace admin): a workspace is a `Workspace` CR, which the writes
+apply or delete and the operator reconciles asynchronously, so they answer 202 with the CR's
+phase as it stands (`WorkspaceAccepted`); `GET` lists the CRs with their status.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path
 from starlette.responses import Response
 
 from prospero.api.deps import ApiState, api_state
+from prospero.api.errors import InvalidRequest
 from prospero.api.responses import clean_workspace, dump, empty, errors, json_response
 from prospero.api.routes_cluster import fill_owners
 from prospero.core.errors import InvalidConfig
@@ -17,7 +24,8 @@ from prospero.types.api import (
     SpawnRequest,
     WorkspaceSummary,
 )
-from prospero.types.model import Agent, RepoProviderConfig
+from prospero.types.k8s import WorkspaceAccepted, WorkspaceConfig
+from prospero.types.model import Agent
 
 router = APIRouter(tags=["workspaces"])
 
@@ -25,9 +33,43 @@ State = Annotated[ApiState, Depends(api_state)]
 WorkspaceName = Annotated[str, Path(min_length=1, max_length=100)]
 
 
+ACCEPTED: dict[int | str, dict[str, Any]] = {
+    202: {
+        "model": WorkspaceAccepted,
+        "description": (
+            "k8s backend: the Workspace CR is applied (deleted); the operator reconciles it "
+            "asynchronously. `status` is the CR's as it stands (`Pending` until the operator "
+            "has written one; current once `observed_generation` equals `generation`)."
+        ),
+    }
+}
+
+
+def k8s_config(config: WorkspaceConfig) -> WorkspaceConfig:
+    """The k8s backend takes no unknown key (the local backend ignores them, as it always has)."""
+    unknown = config.unknown_fields()
+    if unknown:
+        raise InvalidRequest(
+            "invalid request: "
+            + "; ".join(f"config.{k}: Extra inputs are not permitted" for k in unknown)
+        )
+    return config
+
+
+def local_config(config: WorkspaceConfig) -> WorkspaceConfig:
+    k8s_only = config.k8s_fields_set()
+    if k8s_only:
+        raise InvalidConfig(
+            f"{', '.join(k8s_only)}: field(s) of the k8s backend's Workspace CRs; this "
+            "prosperod runs --fleet-backend local (a workspace is a root directory here)"
+        )
+    return config
+
+
 @router.get("/api/workspaces", operation_id="listWorkspaces", response_model=list[WorkspaceSummary])
 async def list_workspaces(st: State) -> Response:
-    return json_response([clean_workspace(dump(w)) for w in st.manager.list_workspaces()])
+    workspaces = await st.manager.workspace_summaries()
+    return json_response([clean_workspace(dump(w)) for w in workspaces])
 
 
 @router.post(
@@ -35,13 +77,27 @@ async def list_workspaces(st: State) -> Response:
     operation_id="addWorkspace",
     status_code=201,
     response_class=Response,
-    responses=errors(400, 409, 422),
-    summary="Register a workspace (201, empty body; re-registering the same name+root is a no-op)",
+    responses={**errors(400, 409, 422), **ACCEPTED},
+    summary=(
+        "Register a workspace (local: 201, empty body; re-registering the same name+root is a "
+        "no-op. k8s: 202, the Workspace CR is applied; the same config again is a no-op)"
+    ),
 )
 async def add_workspace(st: State, body: AddWorkspaceBody) -> Response:
+    mgr = st.manager
+    if mgr.workspace_admin is not None:
+        config = k8s_config(body.config)
+        if body.root:
+            raise InvalidConfig(
+                "a k8s workspace has no root on prosperod's host: leave `root` out (its "
+                "sources are config.sources, checked out in the pods)"
+            )
+        accepted = await mgr.apply_workspace(body.name, config, create=True)
+        return json_response(accepted, 202)
+    config = local_config(body.config)
     if not body.root.strip():
         raise InvalidConfig("a local workspace needs a root directory")
-    await st.manager.add_workspace(body.name, body.root, body.config)
+    await mgr.add_workspace(body.name, body.root, config.local())
     return empty(201)
 
 
@@ -51,10 +107,17 @@ async def add_workspace(st: State, body: AddWorkspaceBody) -> Response:
     status_code=204,
     response_class=Response,
     responses=errors(404),
-    summary="Forget a workspace (does not stop its agents or caliband)",
+    summary=(
+        "Forget a workspace (local: does not stop its agents or caliband; k8s: deletes its "
+        "Workspace CR)"
+    ),
 )
 async def remove_workspace(st: State, name: WorkspaceName) -> Response:
-    await st.manager.remove_workspace(name)
+    mgr = st.manager
+    if mgr.workspace_admin is not None:
+        await mgr.delete_workspace(name)
+    else:
+        await mgr.remove_workspace(name)
     return empty(204)
 
 
@@ -63,13 +126,18 @@ async def remove_workspace(st: State, name: WorkspaceName) -> Response:
     operation_id="setWorkspaceConfig",
     status_code=204,
     response_class=Response,
-    responses=errors(400, 404, 422),
-    summary="Replace the workspace's provider config wholesale and restart its caliband",
+    responses={**errors(400, 404, 422), **ACCEPTED},
+    summary=(
+        "Replace the workspace's config wholesale (local: 204, its caliband restarted; k8s: "
+        "202, the Workspace CR re-applied for the operator to reconcile)"
+    ),
 )
-async def set_workspace_config(
-    st: State, name: WorkspaceName, body: RepoProviderConfig
-) -> Response:
-    await st.manager.set_workspace_config(name, body)
+async def set_workspace_config(st: State, name: WorkspaceName, body: WorkspaceConfig) -> Response:
+    mgr = st.manager
+    if mgr.workspace_admin is not None:
+        accepted = await mgr.apply_workspace(name, k8s_config(body), create=False)
+        return json_response(accepted, 202)
+    await mgr.set_workspace_config(name, local_config(body).local())
     return empty(204)
 
 

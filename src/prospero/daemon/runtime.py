@@ -26,7 +26,7 @@ from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
 from prospero.core.fleet.local import CalibandNetworkConfig, LocalFleet, LocalFleetConfig
 from prospero.core.fleet.manager import FleetConfig, FleetManager
-from prospero.core.fleet.provider import FleetProvider, PostureSpawner
+from prospero.core.fleet.provider import FleetProvider, PostureSpawner, WorkspaceAdmin
 from prospero.core.fleet.state import DriverFactory
 from prospero.core.leases import LeaseKeeper
 from prospero.core.metrics import Metrics
@@ -209,12 +209,14 @@ class Runtime:
             self.decisions.remote = routing.decide_remote
         provider: FleetProvider
         posture_spawner: PostureSpawner | None = None
+        workspace_admin: WorkspaceAdmin | None = None
         k8s_fleet = False  # agents are CalibanTask CRs in a cluster
         if self._provider_override is not None:
             provider = self._provider_override
         elif cfg.fleet_backend == "k8s":
             # Imported here: a local fleet does not pay for the Kubernetes client.
             from prospero.core.fleet.k8s import K8sFleet
+            from prospero.core.fleet.k8s_workspaces import K8sWorkspaces
 
             k8s = K8sFleet(
                 cfg.k8s.namespace,
@@ -223,6 +225,8 @@ class Runtime:
             )
             # The CR carries the posture (spec.task.permissionPosture) for the operator.
             provider = posture_spawner = k8s
+            # The registry is the namespace's Workspace CRs (ADR 0013).
+            workspace_admin = K8sWorkspaces.for_fleet(k8s)
             k8s_fleet = True
             log.info(
                 "fleet backend k8s: CalibanTasks in namespace %s (kubeconfig %s)",
@@ -268,6 +272,7 @@ class Runtime:
             routing=routing,
             fenced_cursors=self.ownership is not None,
             posture_spawner=posture_spawner,
+            workspace_admin=workspace_admin,
         )
         if self.ownership is not None:
             self.ownership.on_lost(self.manager.lease_lost)

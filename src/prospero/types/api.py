@@ -6,6 +6,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from prospero.types.k8s import (
+    K8sIsolation,
+    K8sSource,
+    ProviderInfo,
+    WorkspaceConfig,
+    WorkspaceReconcile,
+)
 from prospero.types.model import (
     DriveProtocol,
     Posture,
@@ -65,9 +72,10 @@ class AdoptBody(BaseModel):
 class AddWorkspaceBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    # Absolute; must be an existing directory (checked at registration, 400 otherwise).
+    # Local: absolute; must be an existing directory (400 otherwise). k8s: absent (a
+    # workspace is a Workspace CR; its sources are in `config.sources`).
     root: AbsolutePath = ""
-    config: RepoProviderConfig = Field(default_factory=RepoProviderConfig)
+    config: WorkspaceConfig = Field(default_factory=WorkspaceConfig)
 
 
 class WorkspaceSummary(BaseModel):
@@ -77,6 +85,23 @@ class WorkspaceSummary(BaseModel):
     health: WorkspaceHealth
     agent_count: int = 0
     config: RepoProviderConfig = Field(default_factory=RepoProviderConfig)
+    # The k8s backend's tail (its Workspace CR); omitted entirely for a local workspace.
+    display_name: str | None = None
+    source_specs: list[K8sSource] | None = None
+    providers: list[ProviderInfo] | None = None
+    default_provider: str | None = None
+    isolation: K8sIsolation | None = None
+    status: WorkspaceReconcile | None = None
+
+
+K8S_SUMMARY_TAIL = (
+    "display_name",
+    "source_specs",
+    "providers",
+    "default_provider",
+    "isolation",
+    "status",
+)
 
 
 class Readiness(BaseModel):

@@ -22,13 +22,19 @@ import contextlib
 import logging
 import time
 
-from prospero.core.errors import AgentNotFound, Conflict, WorkspaceNotFound
+from prospero.core.errors import (
+    AgentNotFound,
+    Conflict,
+    ProsperoError,
+    Unsupported,
+    WorkspaceNotFound,
+)
 from prospero.core.fleet.catchup import CatchUpGate
 from prospero.core.fleet.ending import RunEnding
 from prospero.core.fleet.meta import agent_view
 from prospero.core.fleet.operations import AgentOperations
 from prospero.core.fleet.polling import Polling
-from prospero.core.fleet.provider import FleetProvider, PostureSpawner
+from prospero.core.fleet.provider import FleetProvider, PostureSpawner, WorkspaceAdmin
 from prospero.core.fleet.sink import AgentSink
 from prospero.core.fleet.state import (
     AgentSlot,
@@ -47,6 +53,7 @@ from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
 from prospero.core.store.sqlite.agents import MemoryAgentMetaStore, SqliteAgentMetaStore
 from prospero.core.wire.control import AgentRecord
 from prospero.types.api import Readiness, WorkspaceSummary
+from prospero.types.k8s import WorkspaceAccepted, WorkspaceConfig
 from prospero.types.model import (
     Agent,
     AgentMeta,
@@ -54,6 +61,7 @@ from prospero.types.model import (
     Healthy,
     RegisteredWorkspace,
     RepoProviderConfig,
+    Source,
     Workspace,
     WorkspaceHealth,
 )
@@ -95,11 +103,14 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         decisions: DecisionHooks | None = None,
         agents: AgentMetaStore | None = None,
         posture_spawner: PostureSpawner | None = None,
+        workspace_admin: WorkspaceAdmin | None = None,
     ) -> None:
         if posture_spawner is not None and id(posture_spawner) != id(provider):
             raise ValueError("posture_spawner must be the provider itself (its posture spawn)")
         self.provider = provider
         self.posture_spawner = posture_spawner
+        # Set (k8s: the Workspace CRs): the registry lives there, not in the config store.
+        self.workspace_admin = workspace_admin
         self.config_store = config_store
         self.store = store
         self.emitter = emitter
@@ -182,7 +193,15 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
 
     async def _reload_registry(self) -> None:
         async with self._registry_lock:
-            stored = {w.name: w for w in await self.config_store.list_workspaces()}
+            if self.workspace_admin is None:
+                listed = await self.config_store.list_workspaces()
+            else:
+                try:
+                    listed = await self.workspace_admin.list_workspaces()
+                except ProsperoError as e:  # the API server is away: keep what was listed
+                    log.warning("workspace registry not re-read (kept as it was): %s", e)
+                    return
+            stored = {w.name: w for w in listed}
             for name in list(self._workspaces):
                 if name not in stored:
                     self._drop_workspace_state(name)
@@ -230,13 +249,18 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
                 Workspace(
                     name=name,
                     root=ws.root,
-                    sources=discover_sources(ws.root),
+                    sources=self._sources(ws),
                     health=self._health.get(name, Healthy()),
                     config=ws.config,
                     agents=agents,
                 )
             )
         return FleetSnapshot(host=self.config.host, workspaces=out)
+
+    def _sources(self, ws: RegisteredWorkspace) -> list[Source]:
+        if self.workspace_admin is not None:
+            return self.workspace_admin.sources(ws.name)
+        return discover_sources(ws.root)
 
     def agent_ids(self) -> list[str]:
         """The ids of the agents `snapshot()` lists, in its order (workspaces by name, each
@@ -282,6 +306,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         self, name: str, root: str, config: RepoProviderConfig | None = None
     ) -> bool:
         """Register a workspace. Returns False when the same name+root already existed."""
+        self._local_registry()
         cfg = config or RepoProviderConfig()
         validate_config(cfg)
         canon = validate_root(root)  # InvalidConfig (400) before anything is registered
@@ -303,6 +328,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         return True
 
     async def remove_workspace(self, name: str) -> None:
+        self._local_registry()
         async with self._registry_lock:
             if name not in self._workspaces:
                 raise WorkspaceNotFound(name)
@@ -323,6 +349,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
                     asyncio.get_running_loop().create_task(self._close_driver(agent_id))
 
     async def set_workspace_config(self, name: str, config: RepoProviderConfig) -> None:
+        self._local_registry()
         validate_config(config)
         async with self._registry_lock:
             ws = self._ws(name)
@@ -331,6 +358,68 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
             self._workspaces[name] = new
         await self.provider.restart(new)
         await self.poll_workspace(name)
+
+
+    # ------------------------------------------------------------------ workspace admin (k8s)
+
+    def _local_registry(self) -> None:
+        if self.workspace_admin is not None:
+            raise Unsupported(
+                "this backend's workspaces are defined by its workspace admin (k8s: Workspace "
+                "CRs), not registered in prosperod's store"
+            )
+
+    def _admin(self) -> WorkspaceAdmin:
+        if self.workspace_admin is None:
+            raise Unsupported("this backend has no asynchronous workspace admin")
+        return self.workspace_admin
+
+    async def apply_workspace(
+        self, name: str, config: WorkspaceConfig, *, create: bool
+    ) -> WorkspaceAccepted:
+        """Create (`create`) or replace the workspace's definition; the registry follows it."""
+        accepted = await self._admin().apply(name, config, create=create)
+        await self._reload_registry()
+        if name in self._workspaces:
+            await self.poll_workspace(name)
+        return accepted
+
+    async def delete_workspace(self, name: str) -> None:
+        """Delete the workspace's definition (idempotent below; WorkspaceNotFound here when
+        there was none). Its agents are the backend's to end (k8s: the operator)."""
+        existed = await self._admin().delete(name)
+        await self._reload_registry()
+        await self.provider.forget(name)
+        if not existed:
+            raise WorkspaceNotFound(name)
+
+    async def workspace_summaries(self) -> list[WorkspaceSummary]:
+        """`GET /api/workspaces`: the registry (local), or every definition the admin lists
+        with its reconciliation status and the agents counted per workspace (k8s)."""
+        if self.workspace_admin is None:
+            return self.list_workspaces()
+        views = await self.workspace_admin.views()
+        counts: dict[str, int] = {}
+        for s in self._slots.values():
+            if s.record is not None:
+                counts[s.workspace] = counts.get(s.workspace, 0) + 1
+        return [
+            WorkspaceSummary(
+                name=v.name,
+                root="",
+                sources=[Source(name=s.name, path=s.path) for s in v.sources],
+                health=self._health.get(v.name, Healthy()),
+                agent_count=counts.get(v.name, 0),
+                config=RepoProviderConfig(env=v.env),
+                display_name=v.display_name,
+                source_specs=v.sources,
+                providers=v.providers,
+                default_provider=v.default_provider,
+                isolation=v.isolation,
+                status=v.status,
+            )
+            for v in views
+        ]
 
 
 def default_driver_factories() -> dict[str, DriverFactory]:

@@ -1,0 +1,281 @@
+"""The k8s config plane through the HTTP API (issue 13): under `--fleet-backend k8s` a workspace
+is a `Workspace` CR. `POST /api/workspaces` and `PUT .../config` apply it (202, with the CR's
+phase as it stands), the fake operator reconciles it to Ready, `GET /api/workspaces` lists the
+CRs with their status (credentials only as a flag), `DELETE` deletes it; the registry follows
+the CRs, also those another client made. The real kubectl reads what prosperod wrote. Bad
+input is a clear 4xx that changes nothing. The local backend refuses the k8s-only fields."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prospero.core.wire.k8s import task_name
+from prospero.testkit.fake_kube.operator import WORKSPACES
+from tests.api.conftest import Stack, StackFactory
+from tests.api.test_k8s_backend import K8S_CONFIG, NS, Cluster, cluster, k8s_stack
+from tests.support import wait_until
+from tests.testkit.test_fake_kube import Kubectl, kubectl_present
+
+__all__ = ["cluster", "kubectl_present"]  # fixtures, used by name
+
+G = "caliban.caliban-ai.dev"
+
+
+def kubectl_for(cluster: Cluster, tmp: Path) -> Kubectl:
+    """kubectl with its own HOME and cache dir, on the fake API server."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    cluster.kube.write_kubeconfig(tmp)
+    return Kubectl(tmp)
+
+
+async def cr_items(kubectl: Kubectl) -> dict[str, dict[str, Any]]:
+    out = await kubectl.ok("get", "workspaces", "-n", NS, "-o", "json", "--show-managed-fields")
+    return {i["metadata"]["name"]: i for i in json.loads(out)["items"]}
+
+
+async def listed(stack: Stack) -> dict[str, dict[str, Any]]:
+    r = await stack.client.get("/api/workspaces")
+    assert r.status_code == 200, r.text
+    return {w["name"]: w for w in r.json()}
+
+
+async def wait_ready(stack: Stack, name: str, generation: int) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    async def ready() -> bool:
+        ws = (await listed(stack)).get(name)
+        status = (ws or {}).get("status") or {}
+        if status.get("phase") == "Ready" and status.get("observed_generation") == generation:
+            seen.update(ws or {})
+            return True
+        return False
+
+    await wait_until(ready, 10, interval=0.05, what=f"{name} Ready at generation {generation}")
+    return seen
+
+
+def error(r: Any, status: int, kind: str, text: str) -> None:
+    assert r.status_code == status, r.text
+    assert r.json()["kind"] == kind and text in r.json()["error"], r.text
+
+
+@pytest.mark.usefixtures("kubectl_present")
+async def test_workspaces_are_workspace_crs_under_the_k8s_backend(
+    cluster: Cluster, make_stack: StackFactory, tmp_path: Path
+) -> None:
+    stack = await k8s_stack(make_stack, cluster)
+    kubectl = kubectl_for(cluster, tmp_path / "kubectl")
+    r = await stack.client.get("/api/capabilities")
+    assert r.json()["async_workspace_ops"] is True and r.json()["admin"] is True
+
+    # POST: 202 with the CR's phase (the operator has not written a status yet)
+    config = {**K8S_CONFIG, "display_name": "The app", "env": {"CI": "1"}}
+    r = await stack.client.post("/api/workspaces", json={"name": "app", "config": config})
+    assert r.status_code == 202, r.text
+    assert r.json() == {
+        "name": "app",
+        "status": {
+            "phase": "Pending",
+            "message": None,
+            "generation": 1,
+            "observed_generation": None,
+        },
+    }
+    cr = (await cr_items(kubectl))["app"]
+    assert cr["spec"] == {
+        "displayName": "The app",
+        "sources": [
+            {
+                "name": "app",
+                "repo": "https://git.example/app.git",
+                "ref": "main",
+                "path": "/src/app",
+            }
+        ],
+        "providers": [
+            {
+                "name": "claude",
+                "kind": "anthropic",
+                "credentialsRef": {"secretName": "anthropic", "key": "api-key"},
+            }
+        ],
+        "env": [{"name": "CI", "value": "1"}],
+    }
+    managers = {(m["manager"], m["operation"]) for m in cr["metadata"]["managedFields"]}
+    assert ("prospero", "Apply") in managers
+
+    # the operator reconciles it; GET lists the CR with its status, credentials as a flag
+    ws = await wait_ready(stack, "app", 1)
+    assert ws["root"] == "" and ws["health"] == {"state": "healthy"} and ws["agent_count"] == 0
+    assert ws["display_name"] == "The app"
+    assert ws["sources"] == [{"name": "app", "path": "/src/app"}]
+    assert ws["source_specs"][0]["ref"] == "main"
+    assert ws["providers"] == [
+        {
+            "name": "claude",
+            "kind": "anthropic",
+            "base_url": None,
+            "model": None,
+            "has_credentials": True,
+        }
+    ]
+    assert ws["config"] == {"env": {"CI": "1"}}
+    assert "secret" not in json.dumps(ws).lower()  # never the Secret's name or key
+
+    # PUT replaces the config wholesale: 202, a new generation, reconciled again
+    replaced = {
+        "sources": K8S_CONFIG["sources"],
+        "providers": [*K8S_CONFIG["providers"], {"name": "local", "kind": "ollama"}],
+        "default_provider": "local",
+        "isolation": {"worktrees": "per-source"},
+    }
+    r = await stack.client.put("/api/workspaces/app/config", json=replaced)
+    assert r.status_code == 202, r.text
+    assert r.json()["status"]["generation"] == 2
+    assert r.json()["status"]["observed_generation"] == 1  # not yet reconciled
+    spec = (await cr_items(kubectl))["app"]["spec"]
+    assert spec["displayName"] == "app" and "env" not in spec  # omitted ⇒ removed
+    assert spec["defaultProvider"] == "local" and spec["isolation"] == {"worktrees": "per-source"}
+    ws = await wait_ready(stack, "app", 2)
+    assert ws["default_provider"] == "local" and "config" in ws and ws["config"] == {}
+
+    # an agent of the workspace: its CalibanTask names the Workspace CR, whose provider the
+    # operator pins
+    agent = await stack.spawn(ws="app", prompt="fix it")
+    assert agent == task_name("app", "fix it", None)
+
+    async def pinned() -> bool:
+        task = cluster.task(agent) or {}
+        resolved = (task.get("status") or {}).get("resolvedWorkspace") or {}
+        return (resolved.get("provider") or {}).get("name") == "local"
+
+    await wait_until(pinned, 10, interval=0.05, what="the operator pinned the provider")
+    assert cluster.task(agent)["spec"]["workspaceRef"] == {"name": "app"}  # type: ignore[index]
+
+    async def counted() -> bool:
+        return (await listed(stack))["app"]["agent_count"] == 1
+
+    await wait_until(counted, 10, interval=0.05, what="the agent counted under its CR")
+
+    # a Workspace another client made is in the registry too
+    other = {
+        "apiVersion": f"{G}/v1alpha1",
+        "kind": "Workspace",
+        "metadata": {"name": "other", "namespace": NS},
+        "spec": {
+            "displayName": "Other",
+            "sources": [{"name": "o", "repo": "r", "path": "/o"}],
+            "providers": [{"name": "p", "kind": "ollama"}],
+        },
+    }
+    await kubectl.ok(
+        "apply", "--server-side", "--field-manager=ops", "-f", "-", stdin=json.dumps(other).encode()
+    )
+    await wait_ready(stack, "other", 1)
+
+    async def in_fleet() -> bool:
+        r = await stack.client.get("/api/fleet")
+        return "other" in [w["name"] for w in r.json()["workspaces"]]
+
+    await wait_until(in_fleet, 10, interval=0.05, what="the other workspace in the fleet")
+
+    # DELETE deletes the CR (204), then 404: it is gone
+    r = await stack.client.delete("/api/workspaces/other")
+    assert r.status_code == 204, r.text
+    assert "other" not in await cr_items(kubectl)
+    error(await stack.client.delete("/api/workspaces/other"), 404, "not_found", "other")
+    assert "other" not in await listed(stack)
+    r = await stack.client.get("/api/fleet")
+    assert "other" not in [w["name"] for w in r.json()["workspaces"]]
+
+    # Prospero named the Secret; it never asked the API server for one
+    paths = [p for _m, p in cluster.kube.app.requests]
+    assert not [p for p in paths if "/secrets" in p], paths
+
+
+async def test_bad_k8s_workspace_input_is_a_clear_error_and_changes_nothing(
+    cluster: Cluster, make_stack: StackFactory
+) -> None:
+    stack = await k8s_stack(make_stack, cluster)
+    r = await stack.client.post("/api/workspaces", json={"name": "app", "config": K8S_CONFIG})
+    assert r.status_code == 202, r.text
+    before = cluster.kube.store.get(WORKSPACES, NS, "app")
+    assert before is not None
+
+    post = stack.client.post
+    cases = [
+        ({"name": "app2", "root": str(stack.tmp)}, 400, "invalid_config", "leave `root` out"),
+        ({"name": "app2"}, 400, "invalid_config", "at least one source"),
+        (
+            {"name": "app2", "config": {**K8S_CONFIG, "providers": []}},
+            400,
+            "invalid_config",
+            "at least one provider",
+        ),
+        (
+            {"name": "App_2", "config": K8S_CONFIG},
+            400,
+            "invalid_config",
+            "cannot name a Workspace CR",
+        ),
+        (
+            {"name": "app2", "config": {**K8S_CONFIG, "api_key_from_env": "K"}},
+            400,
+            "invalid_config",
+            "credentials_ref",
+        ),
+        (
+            {"name": "app2", "config": {**K8S_CONFIG, "default_provider": "x"}},
+            400,
+            "invalid_config",
+            "default_provider",
+        ),
+        (
+            {"name": "app2", "config": {**K8S_CONFIG, "sorces": []}},
+            422,
+            "invalid_request",
+            "config.sorces",
+        ),
+        (
+            {"name": "app2", "config": {**K8S_CONFIG, "sources": [{"name": "a", "repo": "r"}]}},
+            422,
+            "invalid_request",
+            "path",
+        ),
+        ({"name": "app", "config": {**K8S_CONFIG, "display_name": "New"}}, 409, "conflict", "PUT"),
+    ]
+    for body, status, kind, text in cases:
+        error(await post("/api/workspaces", json=body), status, kind, text)
+    put = stack.client.put
+    error(await put("/api/workspaces/nope/config", json=K8S_CONFIG), 404, "not_found", "nope")
+    error(
+        await put("/api/workspaces/app/config", json={"sources": []}),
+        400,
+        "invalid_config",
+        "source",
+    )
+    # nothing was lost or added
+    assert cluster.kube.store.get(WORKSPACES, NS, "app") == before
+    assert [o["metadata"]["name"] for o in cluster.kube.store.items(WORKSPACES, NS)] == ["app"]
+
+
+async def test_the_local_backend_refuses_the_k8s_only_fields(make_stack: StackFactory) -> None:
+    stack = await make_stack()
+    root = stack.tmp / "other"
+    root.mkdir()
+    body = {"name": "other", "root": str(root), "config": {"sources": K8S_CONFIG["sources"]}}
+    error(await stack.client.post("/api/workspaces", json=body), 400, "invalid_config", "sources")
+    r = await stack.client.put("/api/workspaces/ws/config", json={"default_provider": "x"})
+    error(r, 400, "invalid_config", "--fleet-backend local")
+    r = await stack.client.get("/api/capabilities")
+    assert r.json()["async_workspace_ops"] is False
+    # as before: unknown keys are ignored, no k8s tail in the listing
+    r = await stack.client.put("/api/workspaces/ws/config", json={"provider": "ollama", "x": 1})
+    assert r.status_code == 204, r.text
+    [ws] = (await stack.client.get("/api/workspaces")).json()
+    assert set(ws) == {"name", "root", "sources", "health", "agent_count", "config"}
+    assert ws["config"] == {"provider": "ollama"}
