@@ -279,3 +279,53 @@ async def test_the_local_backend_refuses_the_k8s_only_fields(make_stack: StackFa
     [ws] = (await stack.client.get("/api/workspaces")).json()
     assert set(ws) == {"name", "root", "sources", "health", "agent_count", "config"}
     assert ws["config"] == {"provider": "ollama"}
+
+
+async def test_the_cli_applies_k8s_workspaces_and_shows_their_phase(
+    cluster: Cluster, make_stack: StackFactory, tmp_path: Path
+) -> None:
+    """`prospero workspace add/config/list/rm` under k8s (the CLI, blocking, in a thread; the
+    server on this loop)."""
+    import asyncio
+
+    from tests.cli.conftest import Cli
+
+    stack = await k8s_stack(make_stack, cluster)
+    cli = Cli(stack.url)
+
+    async def run(*args: str) -> Any:
+        res = await asyncio.to_thread(cli, *args)
+        assert res.exception is None or isinstance(res.exception, SystemExit), res.output
+        return res
+
+    config = tmp_path / "ws.json"
+    config.write_text(json.dumps(K8S_CONFIG))
+    res = await run("workspace", "add", "app", "--config", str(config))
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())  # (the console may wrap)
+    assert "applied Workspace CR 'app' (generation 1, not reconciled yet: phase Pending)" in said
+    await wait_ready(stack, "app", 1)
+    res = await run("workspace", "list")
+    assert res.exit_code == 0 and "phase=Ready" in res.output, res.output
+
+    config.write_text(json.dumps({**K8S_CONFIG, "display_name": "Renamed"}))
+    res = await run("workspace", "config", "app", "--file", str(config))
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert (
+        "re-applied Workspace CR 'app' (generation 2, not reconciled yet: phase Ready is of "
+        "generation 1)" in said
+    )
+    assert cluster.kube.store.get(WORKSPACES, NS, "app")["spec"]["displayName"] == "Renamed"  # type: ignore[index]
+    res = await run("workspace", "config", "app", "--file", str(config), "--provider", "x")
+    assert res.exit_code != 0 and "--file replaces the whole config" in res.output
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"sources": []}))
+    res = await run("workspace", "add", "other", "--config", str(bad))
+    assert res.exit_code != 0 and "at least one source" in res.output, res.output
+    res = await run("workspace", "add", "-o", "json", "app2", "--config", str(config))
+    assert json.loads(res.stdout)["reconcile"]["phase"] == "Pending", res.output
+
+    res = await run("workspace", "rm", "app2")
+    assert res.exit_code == 0, res.output
+    assert cluster.kube.store.get(WORKSPACES, NS, "app2") is None

@@ -133,6 +133,12 @@ def render_workspaces(console: Console, rows: list[dict[str, Any]]) -> None:
         line.append(f" {ws.get('root', '')}")
         if cfg.get("provider"):
             line.append(f"  provider={cfg['provider']}")
+        status = ws.get("status")  # k8s: the Workspace CR's reconciliation
+        if isinstance(status, dict) and status.get("phase"):
+            phase = str(status["phase"])
+            line.append(f"  phase={phase}", style="green" if phase == "Ready" else "yellow")
+            if status.get("message"):
+                line.append(f" ({status['message']})", style="red")
         health = ws.get("health")
         if isinstance(health, dict) and health.get("reason"):
             line.append(f"  ({health['reason']})", style="red")

@@ -1,7 +1,15 @@
-"""`prospero workspace add | list | config | rm`."""
+"""`prospero workspace add | list | config | rm`.
+
+Under `--fleet-backend k8s` a workspace is a Workspace CR: `add NAME --config FILE` and
+`config NAME --file FILE` send a JSON config (sources, providers, default_provider, env,
+isolation); prosperod answers 202 with the CR's phase (the operator reconciles it), which is
+printed, and `list` shows each CR's phase.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -37,21 +45,84 @@ def workspace_add(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(metavar="NAME", help="Workspace name.")],
     root: Annotated[
-        str,
-        typer.Argument(metavar="ROOT", help="Root directory (a git checkout or a folder of them)."),
-    ],
+        str | None,
+        typer.Argument(
+            metavar="[ROOT]",
+            help="Root directory (a git checkout or a folder of them); none under k8s.",
+        ),
+    ] = None,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="JSON file with the workspace config (k8s: sources, providers, ...).",
+        ),
+    ] = None,
     output: OutputOpt = None,
     addr: AddrOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Register a workspace with prosperod."""
-    root_abs = _abs_path(root)
+    """Register a workspace with prosperod (k8s: apply its Workspace CR)."""
+    root_abs = _abs_path(root) if root else ""
+    body: dict[str, Any] = {"name": name}
+    if root_abs:
+        body["root"] = root_abs
+    if config_file is not None:
+        body["config"] = _read_config(config_file, "--config")
     with _client(ctx, addr, token) as c:
-        resp = c.request("POST", "/api/workspaces", json_body={"name": name, "root": root_abs})
+        resp = c.request("POST", "/api/workspaces", json_body=body)
+    accepted = _accepted(resp)
     if _fmt(ctx, output) is OutputFormat.json:
-        _print_json({"name": name, "root": root_abs, "status": resp.status_code})
+        out: dict[str, Any] = {"name": name, "root": root_abs, "status": resp.status_code}
+        if accepted is not None:
+            out["reconcile"] = accepted.get("status")
+        _print_json(out)
+        return
+    if accepted is not None:
+        _print_accepted(name, accepted, "applied")
         return
     _console().print(f"registered workspace '{escape(name)}' at {escape(root_abs)}")
+
+
+def _read_config(path: Path, option: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise typer.BadParameter(
+            f"cannot read {path}: {e.strerror or e}", param_hint=option
+        ) from None
+    except ValueError as e:
+        raise typer.BadParameter(f"{path} is not JSON: {e}", param_hint=option) from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{path} must hold a JSON object", param_hint=option)
+    return data
+
+
+def _accepted(resp: Any) -> dict[str, Any] | None:
+    """The 202 body of a k8s workspace write (the Workspace CR's phase), else None."""
+    if resp.status_code != 202:
+        return None
+    try:
+        body = resp.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _print_accepted(name: str, accepted: dict[str, Any], verb: str) -> None:
+    status = accepted.get("status") or {}
+    phase = escape(str(status.get("phase", "?")))
+    gen, seen = status.get("generation"), status.get("observed_generation")
+    if gen is not None and seen != gen:
+        state = f"generation {gen}, not reconciled yet: phase {phase}"
+        if seen is not None:
+            state += f" is of generation {seen}"
+    else:
+        state = f"phase {phase}"
+    _console().print(
+        f"{verb} Workspace CR '{escape(name)}' ({state}); the operator reconciles it "
+        "asynchronously: `prospero workspace list` shows its phase"
+    )
 
 
 @workspace_app.command("list")
@@ -93,6 +164,14 @@ def workspace_config(
         list[str] | None,
         typer.Option("--env", help="KEY=VALUE for the workspace's caliband (repeatable)."),
     ] = None,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            help="JSON file with the whole config to set (k8s: sources, providers, ...); "
+            "not with the provider options.",
+        ),
+    ] = None,
     posture: Annotated[
         PostureOpt | None,
         typer.Option(
@@ -115,6 +194,12 @@ def workspace_config(
     permission defaults (--posture, --decision-timeout: only these change when they are the
     only options given)."""
     provider_given = bool(provider or base_url or api_key_env or env)
+    if config_file is not None and provider_given:
+        raise typer.BadParameter(
+            "--file replaces the whole config: give the provider options in the file",
+            param_hint="--file",
+        )
+    provider_given = provider_given or config_file is not None
     if posture is not None or decision_timeout is not None:
         from prospero.cli.decisions import parse_timeout
 
@@ -129,6 +214,8 @@ def workspace_config(
         if not provider_given:
             return
     body: dict[str, Any] = {}
+    if config_file is not None:
+        body = _read_config(config_file, "--file")
     if provider:
         body["provider"] = provider
     if base_url:
@@ -139,7 +226,13 @@ def workspace_config(
     if parsed:
         body["env"] = parsed
     with _client(ctx, addr, token) as c:
-        c.request("PUT", f"/api/workspaces/{seg(name)}/config", json_body=body, send_body=True)
+        resp = c.request(
+            "PUT", f"/api/workspaces/{seg(name)}/config", json_body=body, send_body=True
+        )
+    accepted = _accepted(resp)
+    if accepted is not None:
+        _print_accepted(name, accepted, "re-applied")
+        return
     _console().print(f"updated provider config for workspace '{escape(name)}'")
 
 
@@ -151,7 +244,8 @@ def workspace_rm(
     addr: AddrOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Unregister a workspace (its agents and caliband keep running)."""
+    """Unregister a workspace (its agents and caliband keep running; k8s: deletes its
+    Workspace CR)."""
     with _client(ctx, addr, token) as c:
         c.request("DELETE", f"/api/workspaces/{seg(name)}")
     _console().print(f"unregistered workspace '{escape(name)}'")
