@@ -20,10 +20,12 @@ import pytest
 import yaml
 
 from prospero.core.fleet.k8s import K8sFleet
+from prospero.core.fleet.k8s_workspaces import K8sWorkspaces
 from prospero.core.wire.control import SpawnSpec
 from prospero.daemon.config import load_config
 from prospero.testkit.certs import make_certs
 from prospero.testkit.fake_kube import FakeKube
+from prospero.types.k8s import WorkspaceConfig
 from prospero.types.model import RegisteredWorkspace
 from prospero.types.tokens import Scope, add_token
 from tests.support import wait_until
@@ -35,11 +37,34 @@ NS = "prospero"
 KINDS = "deployments,services,serviceaccounts,roles,rolebindings,persistentvolumeclaims"
 GROUP = "caliban.caliban-ai.dev"
 
-# What K8sFleet (src/prospero/core/fleet/k8s.py) does to CalibanTasks, and so what the Role
-# grants: get (one CR), list + watch (the cache), patch (the server-side apply of a spawn or
-# respawn) + create (an apply that creates the CR is authorised as create too), delete (kill,
-# rm, respawn). Nothing else: no update, no deletecollection, no status, no other resource.
-EXPECTED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
+# What Prospero does in its namespace, and so what the Role grants, per resource:
+# - calibantasks, K8sFleet (core/fleet/k8s.py): get (one CR), list + watch (the cache), create
+#   (a spawn creates the CR), patch (server-side apply: respawn; an apply that creates is
+#   authorised as create too), delete (kill, rm, respawn);
+# - workspaces, K8sWorkspaces (core/fleet/k8s_workspaces.py): get, list, create + patch (the
+#   server-side apply of POST /api/workspaces and PUT .../config), delete. No watch.
+# Nothing else: no update, no deletecollection, no status subresource, no other resource.
+EXPECTED_VERBS = {
+    "calibantasks": {"get", "list", "watch", "create", "patch", "delete"},
+    "workspaces": {"get", "list", "create", "patch", "delete"},
+}
+
+
+WORKSPACE = WorkspaceConfig.model_validate(
+    {
+        "display_name": "The app",
+        "sources": [{"name": "app", "repo": "https://git.example/app.git", "path": "/src/app"}],
+        "providers": [
+            {
+                "name": "claude",
+                "kind": "anthropic",
+                "model": "claude-sonnet",
+                "credentials_ref": {"secret_name": "anthropic-key", "key": "api-key"},
+            }
+        ],
+        "default_provider": "claude",
+    }
+)
 
 
 def tool(name: str, install: str) -> str:
@@ -225,10 +250,15 @@ async def test_dry_run_refuses_what_the_apiserver_refuses(
 async def test_the_role_grants_exactly_the_verbs_k8sfleet_uses(overlay: str, tmp_path: Path) -> None:
     _, docs = await render(tmp_path, overlay)
     role = one(docs, "Role")
-    ((rule),) = role["rules"]
-    assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames, no URLs
-    assert rule["apiGroups"] == [GROUP] and rule["resources"] == ["calibantasks"]
-    assert sorted(rule["verbs"]) == sorted(EXPECTED_VERBS)
+    granted: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames, no URLs
+        assert rule["apiGroups"] == [GROUP]
+        assert len(set(rule["verbs"])) == len(rule["verbs"])
+        for res in rule["resources"]:
+            assert res not in granted, f"{res} granted twice"
+            granted[res] = set(rule["verbs"])
+    assert granted == EXPECTED_VERBS
     # nothing on secrets (Prospero names them, the kubelet mounts them), nothing cluster-wide
     assert "secrets" not in json.dumps(role["rules"])
     assert not {d["kind"] for d in docs} & {"ClusterRole", "ClusterRoleBinding"}
@@ -238,28 +268,33 @@ async def test_the_role_grants_exactly_the_verbs_k8sfleet_uses(overlay: str, tmp
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "prosperod"
 
 
-def _verbs(requests: list[tuple[str, str]]) -> set[str]:
-    """The RBAC verbs of the requests made on calibantasks (an apply is patch and, when it
-    creates, create: every spawn here creates)."""
-    verbs: set[str] = set()
+def _verbs(requests: list[tuple[str, str]]) -> dict[str, set[str]]:
+    """The RBAC verbs of the requests, per resource (an apply is patch and, when it creates,
+    create: the first apply of each name here creates)."""
+    verbs: dict[str, set[str]] = {}
     for method, target in requests:
         path, _, query = target.partition("?")
-        if "/calibantasks" not in path:
-            assert f"/apis/{GROUP}/" not in path, target  # no other caliban resource
+        parts = path.strip("/").split("/")
+        if "namespaces" not in parts:
+            assert method == "GET" and len(parts) <= 3, target  # discovery, never a write
             continue
-        item = not path.endswith("/calibantasks")
-        assert not path.endswith("/status"), target
+        assert path.startswith(f"/apis/{GROUP}/v1alpha1/namespaces/default/"), target
+        rest = parts[5:]  # [resource, name?, subresource?]
+        assert len(rest) <= 2, f"a subresource: {target}"
+        got = verbs.setdefault(rest[0], set())
+        item = len(rest) == 2
         if method == "GET":
-            verbs.add("get" if item else ("watch" if "watch=" in query else "list"))
+            got.add("get" if item else ("watch" if "watch=" in query else "list"))
         elif method == "PATCH":
-            verbs |= {"patch", "create"}
+            got |= {"patch", "create"}
         else:
-            verbs.add({"DELETE": "delete" if item else "deletecollection", "PUT": "update", "POST": "create"}[method])
+            got.add({"DELETE": "delete" if item else "deletecollection", "PUT": "update", "POST": "create"}[method])
     return verbs
 
 
-async def test_k8sfleet_calls_only_what_the_role_grants(tmp_path: Path) -> None:
-    """Drive every K8sFleet operation that reaches the API server and read back the verbs."""
+async def test_prospero_calls_exactly_what_the_role_grants(tmp_path: Path) -> None:
+    """Drive every K8sFleet and K8sWorkspaces operation that reaches the API server and read
+    the verbs back from the requests the fake served."""
     ws = RegisteredWorkspace(name="app", root="")
     async with FakeKube(operator=True) as fake:
         fleet = K8sFleet("default", fake.write_kubeconfig(tmp_path), poll_interval=0.02, restart_timeout=5)
@@ -275,6 +310,13 @@ async def test_k8sfleet_calls_only_what_the_role_grants(tmp_path: Path) -> None:
             await fleet.kill(ws, spawned.id)
             other = await fleet.spawn(ws, SpawnSpec.model_validate({"initial_prompt": "other"}))
             await fleet.remove(ws, other.id, force=True)
+            workspaces = K8sWorkspaces.for_fleet(fleet)
+            await workspaces.apply("app", WORKSPACE, create=True)
+            await workspaces.apply("app", WORKSPACE.model_copy(update={"display_name": "x"}), create=False)
+            assert [w.name for w in await workspaces.list_workspaces()] == ["app"]
+            await workspaces.views()
+            assert await workspaces.get("app") is not None
+            assert await workspaces.delete("app") is True
         finally:
             await fleet.close()
         assert _verbs(fake.app.requests) == EXPECTED_VERBS
