@@ -710,3 +710,64 @@ def test_a_malformed_kubeconfig_is_an_invalid_config(tmp_path: Path, body: str) 
     f.write_text(body)
     with pytest.raises(InvalidConfig, match="cannot load Kubernetes configuration"):
         K8sFleet("default", kubeconfig=f)
+
+
+# --- concurrent identical spawns --------------------------------------------------------------
+
+
+async def test_of_concurrent_identical_spawns_exactly_one_creates_the_cr(
+    harness: K8sHarness, tmp_path: Path
+) -> None:
+    """Eight identical spawns at once from two providers (two replicas) on one API server:
+    its create decides, so exactly one reports `created`; all of them name the same CR, which
+    Prospero owns as its applier."""
+    h = harness
+    other = K8sFleet(NS, h.kube.write_kubeconfig(tmp_path / "other"))
+    spec = h.long_running_spec(label="same")
+    try:
+        replies = await asyncio.gather(
+            *(p.spawn(h.workspace, spec, posture="supervised") for p in [h.provider, other] * 4)
+        )
+    finally:
+        await other.close()
+    assert [r.created for r in replies].count(True) == 1, [r.created for r in replies]
+    assert {r.id for r in replies} == {task_name("app", "long task", "same")}
+    (obj,) = h.kube.store.items(TASKS, NS)
+    assert obj["spec"]["task"]["permissionPosture"] == "supervised"
+    managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
+    assert ("prospero", "Apply") in managers
+    again = await h.provider.spawn(h.workspace, spec, posture="supervised")  # one more, alone
+    assert again.id == replies[0].id and not again.created
+
+
+async def test_a_create_of_an_existing_cr_is_refused_as_the_apiserver_refuses_it(
+    harness: K8sHarness,
+) -> None:
+    """What K8sFleet's spawn reads as "it existed": kube-apiserver's 409 AlreadyExists Status
+    (the fake writes it the same: code, reason, message and details)."""
+    h = harness
+    first = await h.provider.spawn(h.workspace, h.long_running_spec())
+    body = {
+        "apiVersion": "caliban.caliban-ai.dev/v1alpha1",
+        "kind": "CalibanTask",
+        "metadata": {"name": first.id},
+        "spec": {"workspaceRef": {"name": "app"}, "task": {"prompt": "long task"}},
+    }
+    url = f"{h.kube.url}/apis/caliban.caliban-ai.dev/v1alpha1/namespaces/{NS}/calibantasks"
+    async with httpx2.AsyncClient() as client:
+        r = await client.post(url, json=body)
+    assert r.status_code == 409
+    assert r.json() == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f'calibantasks.caliban.caliban-ai.dev "{first.id}" already exists',
+        "reason": "AlreadyExists",
+        "details": {
+            "name": first.id,
+            "group": "caliban.caliban-ai.dev",
+            "kind": "calibantasks",
+        },
+        "code": 409,
+    }

@@ -14,8 +14,9 @@ demand and never leaves this module.
   `calibandEndpoint` of a Running CR, bounded by `overlay_timeout` (750 ms), whose record
   supplies `status` and `interactive`; a failed dial keeps the CR-derived status, and a terminal
   status the pod reported stays settled for that CR incarnation.
-- `spawn`: server-side apply (field manager `prospero`, forced) of the CR named from
-  (workspace, prompt, label); returns at once with `created` telling whether the CR is new.
+- `spawn`: create (POST) the CR named from (workspace, prompt, label), then server-side
+  apply it (field manager `prospero`, forced); returns at once with `created`: the POST made
+  it (a 409 AlreadyExists: it existed), so of concurrent identical spawns exactly one says so.
   `spec.task.driveProtocol` is always written (read back as `ndjson` when absent),
   `permissionPosture` when one is given, `interactive` only when true.
 - `attach`: the CR must be Running with an endpoint; dial the pod caliband (TLS + token from
@@ -618,6 +619,20 @@ class K8sFleet:
         if self._cache is not None:  # the next listing waits until the watch has seen it
             self._cache.expect_rv(applied.metadata.resourceVersion if applied.metadata else None)
 
+    async def _create(self, task: CalibanTask) -> bool:
+        """POST the CR: False when it already exists (409 AlreadyExists). The API server
+        decides, so of concurrent identical spawns, from any number of replicas, exactly one
+        creates it (a get before an apply would let several think they had)."""
+        obj = CalibanTaskResource.from_dict(task.apply_body())
+        with _kube_errors(f"create CalibanTask {task.name}"):
+            try:
+                await self._api().create(obj)  # its namespace: the body's metadata
+            except ApiError as e:
+                if e.status.code == 409 and e.status.reason == "AlreadyExists":
+                    return False
+                raise
+        return True
+
     async def _delete(self, agent_id: str, uid: str | None = None) -> None:
         """Idempotent: a CR already gone (deleted meanwhile) is not an error. Callers check that
         the agent exists first (`_task_of`), so an unknown id is still AgentNotFound."""
@@ -700,7 +715,6 @@ class K8sFleet:
         self, ws: RegisteredWorkspace, spec: SpawnSpec, *, posture: Posture | None = None
     ) -> K8sSpawned:
         name = task_name(ws.name, spec.initial_prompt, spec.label)
-        existed = await self._get_task(name) is not None
         task = CalibanTask(
             metadata=ObjectMeta(name=name, namespace=self.namespace),
             spec=CalibanTaskSpec(
@@ -714,8 +728,9 @@ class K8sFleet:
                 tools=spec.tool_allowlist,
             ),
         )
-        await self._apply(task)
-        return K8sSpawned(id=name, endpoint=UNRESOLVED, created=not existed)
+        created = await self._create(task)
+        await self._apply(task)  # converge (an existing CR), and own the fields as an applier
+        return K8sSpawned(id=name, endpoint=UNRESOLVED, created=created)
 
     async def attach(self, ws: RegisteredWorkspace, agent_id: str) -> Endpoint:
         task = await self._task_of(ws, agent_id)
