@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from prospero.core.wire.control import SpawnSpec, TcpEndpoint
@@ -36,10 +37,13 @@ def pod_script(spec: SpawnSpec) -> scripts.Script:
 
 
 class Cluster:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, **pod_options: Any) -> None:
+        """`pod_options`: more FakeCaliband options for every pod (`script_for` replaces
+        `pod_script`; `acp_script_for` scripts its ACP agents)."""
         self.tmp = tmp
         self.certs = make_certs()
         self.pods: dict[str, FakeCaliband] = {}  # per CR incarnation (name/uid)
+        self.pod_options: dict[str, Any] = {"script_for": pod_script, **pod_options}
         self.kube = FakeKube(operator=True, endpoint=self.start_pod)
 
     async def start_pod(self, task: dict[str, Any]) -> str:
@@ -52,10 +56,19 @@ class Cluster:
                 self.certs.cert_pem,
                 self.certs.key_pem,
                 TOKEN,
-                script_for=pod_script,
+                **self.pod_options,
             )
         assert isinstance(pod.endpoint, TcpEndpoint)
         return pod.endpoint.addr
+
+    async def start(self) -> None:
+        """The API server, with the agents' namespace created (as `kubectl create namespace`
+        would: writes into a namespace that does not exist are refused)."""
+        await self.kube.start()
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+        async with httpx.AsyncClient(base_url=self.kube.url) as client:
+            r = await client.post("/api/v1/namespaces", json=ns)
+        assert r.status_code == 201, r.text
 
     def task(self, name: str) -> dict[str, Any] | None:
         return self.kube.store.get(TASKS, NS, name)
@@ -82,7 +95,7 @@ class Cluster:
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     c = Cluster(tmp_path / "cluster")
     c.tmp.mkdir()
-    await c.kube.start()
+    await c.start()
     try:
         yield c
     finally:
