@@ -127,6 +127,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         self._workspaces: dict[str, RegisteredWorkspace] = {}
         self._health: dict[str, WorkspaceHealth] = {}
         self._listed: dict[str, dict[str, AgentRecord]] = {}
+        self._lifecycle_terms: dict[str, int] = {}  # polling.py: `_claim_lifecycle`
         self._slots: dict[str, AgentSlot] = {}
         self._registry_lock = asyncio.Lock()
         self._poll_locks: dict[str, asyncio.Lock] = {}

@@ -10,6 +10,8 @@ import contextlib
 import logging
 import time
 
+import orjson
+
 from prospero.core import metrics as m
 from prospero.core.aio import wait_for
 from prospero.core.errors import (
@@ -21,7 +23,7 @@ from prospero.core.errors import (
 from prospero.core.fleet.catchup import FirstSight, first_sight
 from prospero.core.fleet.meta import drivable, effective_status
 from prospero.core.fleet.state import AgentSlot, FleetState
-from prospero.core.ownership import workspace_key
+from prospero.core.ownership import SelfOwnsAll, workspace_key
 from prospero.core.wire.control import AgentRecord
 from prospero.types.events import (
     AgentDiscovered,
@@ -30,9 +32,19 @@ from prospero.types.events import (
     StatusChanged,
     stream_key_for,
 )
-from prospero.types.model import Healthy, RegisteredWorkspace, Unreachable, WorkspaceHealth
+from prospero.types.model import (
+    AgentStatus,
+    Healthy,
+    RegisteredWorkspace,
+    Unreachable,
+    WorkspaceHealth,
+)
 
 log = logging.getLogger("prospero.core.fleet.manager")  # as before the split
+
+# What a new lifecycle writer reads of its workspace's agents (`_rebase_lifecycle`).
+REBASE_KINDS = ("agent_spawned", "agent_discovered", "status_changed", "agent_gone")
+ANNOUNCING_KINDS = ("agent_spawned", "agent_discovered")
 
 
 class Polling(FleetState):
@@ -131,7 +143,7 @@ class Polling(FleetState):
         lock = self._poll_locks.setdefault(name, asyncio.Lock())
         async with lock:
             self.metrics.inc(m.REPOS_POLLED)
-            await self._claim_lifecycle(name)
+            term = await self._claim_lifecycle(name)
             health = self._health.get(name)
             try:
                 records = await self.provider.list_agents(ws)
@@ -147,20 +159,66 @@ class Polling(FleetState):
                 if not isinstance(health, Unreachable):
                     self._touch(name)
                 return
+            if term is not None:
+                await self._rebase_lifecycle(name, term)
             await self._set_health(name, Healthy())
             listed = self._listed.get(name)
             await self._reconcile(ws, records)
             if not isinstance(health, Healthy) or listed != self._listed.get(name):
                 self._touch(name)
 
-    async def _claim_lifecycle(self, name: str) -> None:
+    async def _claim_lifecycle(self, name: str) -> int | None:
         """Take (or keep) the workspace's lifecycle lease: clustered, the replica holding it is
         the one that writes the events polls derive (discovered, status changes, gone, repo
-        health); every replica still keeps its own view of the workspace."""
+        health) — upstream's fleet observer, for any backend; every replica still keeps its
+        own view of the workspace. Returns the lease's epoch when this replica has not written
+        under it yet (a new term: its view is to be rebased on the store first), else None."""
         try:
-            await self.ownership.try_acquire(workspace_key(name))
+            lease = await self.ownership.try_acquire(workspace_key(name))
         except ProsperoError as e:
             log.warning("workspace %s: cannot take its lifecycle lease: %s", name, e)
+            return None
+        if lease is None or self._lifecycle_terms.get(name) == lease.epoch:
+            return None
+        return lease.epoch
+
+    async def _rebase_lifecycle(self, name: str, epoch: int) -> None:
+        """A new term as the workspace's lifecycle writer. While another replica wrote, this
+        one kept its own view silently; the next diffs must start from what was recorded, not
+        from that view: a change the previous writer recorded is not recorded again (this
+        view may lag it), and one it never saw (made in the handover gap, while nobody held
+        the lease) is recorded now. So each agent's status baseline becomes the `to` of its
+        last stored `status_changed`, and an agent this replica saw go whose stream does not
+        end its life with `agent_gone` gets one; one of which nothing is stored is announced
+        as `_discover_pending` does. Standalone, this process always wrote them:
+        nothing to rebase. On a store error the term is tried again at the next poll."""
+        if isinstance(self.ownership, SelfOwnsAll):
+            self._lifecycle_terms[name] = epoch
+            return
+        slots = {a: s for a, s in self._slots.items() if s.workspace == name}
+        keys = {stream_key_for(name, a): a for a in slots}
+        recorded: dict[str, AgentStatus] = {}
+        last: dict[str, str] = {}
+        try:
+            scan = await self.store.scan_kinds(list(keys), REBASE_KINDS) if keys else None
+        except ProsperoError as e:
+            log.warning("workspace %s: lifecycle not rebased on the store: %s", name, e)
+            return
+        for key, _seq, raw in scan.rows if scan is not None else ():
+            with contextlib.suppress(orjson.JSONDecodeError, TypeError, ValueError, KeyError):
+                kind = orjson.loads(raw)
+                last[keys[key]] = kind["kind"]
+                if kind["kind"] == "status_changed":
+                    recorded[keys[key]] = AgentStatus(kind["to"])
+        self._lifecycle_terms[name] = epoch
+        for agent_id, slot in slots.items():
+            if slot.record is None:
+                if last.get(agent_id, "agent_gone") != "agent_gone":
+                    await self.emitter.emit(name, agent_id, AgentGone())
+            elif agent_id in recorded:
+                slot.status = recorded[agent_id]
+            elif agent_id not in last:  # nobody announced it: the next poll checks again
+                slot.discover_pending = True
 
     def _writes_lifecycle(self, name: str) -> bool:
         return self.ownership.owns(workspace_key(name))
@@ -190,6 +248,7 @@ class Polling(FleetState):
         if new_ids and prepare is not None:
             await prepare([stream_key_for(ws.name, agent_id) for agent_id in new_ids])
         sights = await first_sight(self.store, self.agents, ws.name, new_ids) if new_ids else {}
+        await self._discover_pending(ws.name, records)
         for rec in records:
             slot = self._slots.get(rec.id)
             if slot is not None and self._steady(slot, rec, prev.get(rec.id)):
@@ -198,7 +257,9 @@ class Polling(FleetState):
             if slot is None:
                 slot = self._slots[rec.id] = AgentSlot(workspace=ws.name)
                 slot.meta = sight.meta if sight is not None else None
-                if (sight is None or not sight.seen_before) and self._writes_lifecycle(ws.name):
+                if not isinstance(self.ownership, SelfOwnsAll):
+                    slot.discover_pending = True  # `_discover_pending` decides
+                elif (sight is None or not sight.seen_before) and self._writes_lifecycle(ws.name):
                     await self.emitter.emit(ws.name, rec.id, AgentDiscovered())
             await self._apply_record(ws, slot, rec, prev.get(rec.id), sight)
         for gone_id in set(prev) - set(current):
@@ -209,6 +270,32 @@ class Polling(FleetState):
                     await self.emitter.emit(ws.name, gone_id, AgentGone())
                 await self._cancel_asks(gone_id, "the agent is gone")
                 await self._close_driver(gone_id)
+
+    async def _discover_pending(self, name: str, records: list[AgentRecord]) -> None:
+        """Clustered, an agent first listed is announced one poll later, if by then nobody
+        has: no `agent_spawned` or `agent_discovered` stored, no metadata saying Prospero
+        spawned it. Another replica's spawn creates the agent before it records those (only
+        the spawning replica's own poll lock keeps its polls out of that window), and another
+        replica's driver may already have stored the agent's output and outcome (so "any
+        event or metadata stored" does not tell that it was announced)."""
+        pending = [
+            r.id for r in records if (s := self._slots.get(r.id)) is not None and s.discover_pending
+        ]
+        if not pending:
+            return
+
+        async def announced(agent_id: str) -> bool:
+            meta, rows = await asyncio.gather(
+                self.agents.get_meta(agent_id),
+                self.store.replay(stream_key_for(name, agent_id), 0, 1, kinds=ANNOUNCING_KINDS),
+            )
+            return (meta is not None and meta.spawned_here) or bool(rows)
+
+        seen = await asyncio.gather(*(announced(a) for a in pending))
+        for agent_id, was in zip(pending, seen, strict=True):
+            self._slots[agent_id].discover_pending = False
+            if not was and self._writes_lifecycle(name):
+                await self.emitter.emit(name, agent_id, AgentDiscovered())
 
     @staticmethod
     def _steady(slot: AgentSlot, rec: AgentRecord, before: AgentRecord | None) -> bool:

@@ -130,6 +130,9 @@ class AgentSlot:
     catchup: bool = False
     catchup_started: float | None = None
     released: bool = False  # an ended ACP session's worker was released through caliband
+    # Clustered: first listed here; announced (`agent_discovered`) at the next poll if nobody
+    # has announced or spawned it by then (polling.py `_discover_pending`).
+    discover_pending: bool = False
 
 
 class FleetState:
@@ -152,6 +155,9 @@ class FleetState:
     _workspaces: dict[str, RegisteredWorkspace]
     _health: dict[str, WorkspaceHealth]
     _listed: dict[str, dict[str, AgentRecord]]
+    # Clustered: the lifecycle lease epoch of each workspace this replica has written under
+    # (and rebased its view on the store for: polling.py `_rebase_lifecycle`).
+    _lifecycle_terms: dict[str, int]
     _slots: dict[str, AgentSlot]
     _poll_locks: dict[str, asyncio.Lock]
     _catchup: CatchUpGate
