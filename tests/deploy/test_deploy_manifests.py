@@ -410,7 +410,7 @@ def test_the_dockerfile_install_steps_give_working_commands(tmp_path: Path) -> N
     tool("python3", "a Python >= 3.11 on PATH")
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     assert "RUN build-wheel.sh /src /dist" in dockerfile
-    assert "RUN install-venv.sh /tmp/dist /opt/prospero" in dockerfile
+    assert "RUN --mount=from=uv,source=/uv,target=/usr/local/bin/uv \\\n    install-venv.sh /tmp/dist /opt/prospero" in dockerfile
     assert "USER 10001:10001" in dockerfile and 'ENTRYPOINT ["prosperod"]' in dockerfile
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     env.pop("VIRTUAL_ENV", None)
