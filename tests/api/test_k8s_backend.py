@@ -176,6 +176,15 @@ async def test_prosperod_drives_a_k8s_fleet_through_the_api(
     events = history[: kinds.index("agent_finished") + 1]  # the run (status_changed may follow)
     kinds = [e["kind"]["kind"] for e in events]
     assert kinds[0] == "agent_spawned" and kinds.count("agent_finished") == 1, kinds
+    # the same spawn again finds its CR: not created, and no second `agent_spawned`
+    body = {"prompt": "fix it", "isolation": "shared", "posture": "supervised"}
+    r = await stack.client.post("/api/workspaces/app/agents", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["agent_id"] == agent and r.json()["created"] is False, r.json()
+    r = await stack.client.get(f"/api/agents/{agent}")
+    assert r.status_code == 200 and r.json()["posture"] == "supervised", r.text
+    again = [e["kind"]["kind"] for e in await stack.history(agent)]
+    assert again.count("agent_spawned") == 1, again
     text = "".join(e["kind"].get("chunk", "") for e in events if e["kind"]["kind"] == "output")
     assert "line" in text, kinds
     assert events[-1]["kind"]["outcome"] == "EndOfTurn", events[-1]

@@ -65,8 +65,9 @@ from prospero.core.errors import (
     ProtocolError,
     TransportError,
 )
+from prospero.core.fleet.provider import SpawnOutcome
 from prospero.core.transport import NetworkSecurity
-from prospero.core.wire.control import AgentRecord, Endpoint, SpawnedReply, SpawnSpec, TcpEndpoint
+from prospero.core.wire.control import AgentRecord, Endpoint, SpawnSpec, TcpEndpoint
 from prospero.core.wire.k8s import (
     FIELD_MANAGER,
     GROUP,
@@ -91,12 +92,6 @@ CalibanTaskResource = create_namespaced_resource(GROUP, VERSION, TASK_KIND, TASK
 # An AgentRecord needs an endpoint; a CR's per-agent endpoint is only known once `attach` has
 # asked the pod's caliband, so listings carry this placeholder (drivers resolve via `attach`).
 UNRESOLVED = TcpEndpoint(addr="")
-
-
-class K8sSpawned(SpawnedReply):
-    """`spawned`, plus whether the CR is new (False: an identical spawn hit the existing CR)."""
-
-    created: bool = True
 
 
 def validate_endpoint(addr: str) -> None:
@@ -713,7 +708,7 @@ class K8sFleet:
 
     async def spawn(
         self, ws: RegisteredWorkspace, spec: SpawnSpec, *, posture: Posture | None = None
-    ) -> K8sSpawned:
+    ) -> SpawnOutcome:
         name = task_name(ws.name, spec.initial_prompt, spec.label)
         task = CalibanTask(
             metadata=ObjectMeta(name=name, namespace=self.namespace),
@@ -730,7 +725,7 @@ class K8sFleet:
         )
         created = await self._create(task)
         await self._apply(task)  # converge (an existing CR), and own the fields as an applier
-        return K8sSpawned(id=name, endpoint=UNRESOLVED, created=created)
+        return SpawnOutcome(id=name, endpoint=UNRESOLVED, created=created)
 
     async def attach(self, ws: RegisteredWorkspace, agent_id: str) -> Endpoint:
         task = await self._task_of(ws, agent_id)

@@ -18,6 +18,7 @@ from prospero.core.errors import (
     Unsupported,
 )
 from prospero.core.fleet.meta import drivable, drive_protocol, effective_status
+from prospero.core.fleet.provider import SpawnOutcome
 from prospero.core.fleet.state import NOT_DRIVEN, AgentSlot, FleetState
 from prospero.core.ownership import workspace_key
 from prospero.core.provider_env import check_spawnable
@@ -66,6 +67,10 @@ class AgentOperations(FleetState):
                 reply = await self.posture_spawner.spawn(ws, spec, posture=posture)
             else:
                 reply = await self.provider.spawn(ws, spec)
+            # An identical spawn that found the agent already there (K8sFleet: the CR existed,
+            # spawned by this replica, another one or another client) changes nothing here:
+            # no second `agent_spawned`, and the first spawn's record stays as it was.
+            created = reply.created if isinstance(reply, SpawnOutcome) else True
             # Prospero's own record of the spawn, kept before anything acts on the reply: the
             # posture and the protocol asked for are never read back from caliband's echo.
             meta = AgentMeta(
@@ -79,7 +84,8 @@ class AgentOperations(FleetState):
             )
             slot = self._slots.setdefault(reply.id, AgentSlot(workspace=ws.name))
             slot.workspace = ws.name
-            slot.meta = meta
+            if created:
+                slot.meta = meta
             if slot.record is None:
                 # Provisional record until the next poll (so kill/rm right after spawn work).
                 slot.record = AgentRecord(
@@ -91,8 +97,9 @@ class AgentOperations(FleetState):
                     spec=spec,
                 )
                 slot.status = AgentStatus.spawning
-            await self.emitter.emit(ws.name, reply.id, AgentSpawned())
-            await self._put_meta(meta)
+            if created:
+                await self.emitter.emit(ws.name, reply.id, AgentSpawned())
+                await self._put_meta(meta)
         if spec.drive_protocol == "ndjson":
             # NDJSON attaches at once (the worker runs by itself). An ACP agent does nothing
             # until its driver prompts it: the poll below starts that driver from caliband's
@@ -103,7 +110,7 @@ class AgentOperations(FleetState):
             agent_id=reply.id,
             workspace=ws.name,
             isolated=req.isolated,
-            created=True,
+            created=created,
             drive_protocol=req.drive_protocol,
         )
 

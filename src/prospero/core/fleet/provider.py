@@ -15,6 +15,15 @@ from prospero.types.k8s import K8sWorkspaceView, WorkspaceAccepted, WorkspaceCon
 from prospero.types.model import Posture, RegisteredWorkspace, Source
 
 
+class SpawnOutcome(SpawnedReply):
+    """A spawn's reply with what the backend knows of the agent's novelty: `created` False when
+    an identical spawn found the agent there already (K8sFleet: the CR named from the spawn's
+    hash existed), so the manager records no second `agent_spawned`. Providers that always
+    create (LocalFleet: caliband's `spawned`) return a plain SpawnedReply."""
+
+    created: bool = True
+
+
 @runtime_checkable
 class FleetProvider(Protocol):
     name: str
