@@ -17,8 +17,11 @@ from prospero.testkit.postgres import PgServer
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
-    with PgServer() as pg:
+    pg = PgServer().start()
+    try:
         yield pg
+    finally:
+        pg.stop(remove_in_background=True)  # its files (a database per test) go after the run
 
 
 @pytest.fixture
