@@ -70,6 +70,24 @@ class Cluster:
             r = await client.post("/api/v1/namespaces", json=ns)
         assert r.status_code == 201, r.text
 
+    async def stop(self) -> None:
+        await self.kube.stop()
+        for pod in self.pods.values():
+            with contextlib.suppress(Exception):
+                await pod.stop()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def running(cls, tmp: Path, **pod_options: Any) -> AsyncIterator[Cluster]:
+        """A started cluster in `tmp` (created), stopped with its pods on the way out."""
+        c = cls(tmp, **pod_options)
+        c.tmp.mkdir()
+        await c.start()
+        try:
+            yield c
+        finally:
+            await c.stop()
+
     def task(self, name: str) -> dict[str, Any] | None:
         return self.kube.store.get(TASKS, NS, name)
 
@@ -93,16 +111,8 @@ class Cluster:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path / "cluster")
-    c.tmp.mkdir()
-    await c.start()
-    try:
+    async with Cluster.running(tmp_path / "cluster") as c:
         yield c
-    finally:
-        await c.kube.stop()
-        for pod in c.pods.values():
-            with contextlib.suppress(Exception):
-                await pod.stop()
 
 
 async def k8s_stack(make_stack: StackFactory, cluster: Cluster, **config: Any) -> Stack:

@@ -11,7 +11,6 @@ records what changed meanwhile, once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import shutil
@@ -50,16 +49,8 @@ def pod_script(spec: SpawnSpec) -> scripts.Script:
 
 @pytest.fixture
 async def kube(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path / "cluster", script_for=pod_script)
-    c.tmp.mkdir()
-    await c.start()
-    try:
+    async with Cluster.running(tmp_path / "cluster", script_for=pod_script) as c:
         yield c
-    finally:
-        await c.kube.stop()
-        for pod in c.pods.values():
-            with contextlib.suppress(Exception):
-                await pod.stop()
 
 
 async def replica(make_stack: StackFactory, kube: Cluster, pg_dsn: str, rid: str) -> Stack:
@@ -238,16 +229,8 @@ def acp_pod_script(spec: SpawnSpec) -> S.AcpScript:
 
 @pytest.fixture
 async def acp_kube(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path / "cluster", acp_script_for=acp_pod_script)
-    c.tmp.mkdir()
-    await c.start()
-    try:
+    async with Cluster.running(tmp_path / "cluster", acp_script_for=acp_pod_script) as c:
         yield c
-    finally:
-        await c.kube.stop()
-        for pod in c.pods.values():
-            with contextlib.suppress(Exception):
-                await pod.stop()
 
 
 async def run_cli(

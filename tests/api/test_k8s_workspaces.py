@@ -17,8 +17,9 @@ from prospero.core.wire.k8s import task_name
 from prospero.testkit.fake_kube.operator import WORKSPACES
 from tests.api.conftest import Stack, StackFactory
 from tests.api.test_k8s_backend import K8S_CONFIG, NS, Cluster, cluster, k8s_stack
+from tests.kubectl import Kubectl
 from tests.support import wait_until
-from tests.testkit.test_fake_kube import Kubectl, kubectl_present
+from tests.testkit.test_fake_kube import kubectl_in, kubectl_present
 
 __all__ = ["cluster", "kubectl_present"]  # fixtures, used by name
 
@@ -29,7 +30,7 @@ def kubectl_for(cluster: Cluster, tmp: Path) -> Kubectl:
     """kubectl with its own HOME and cache dir, on the fake API server."""
     tmp.mkdir(parents=True, exist_ok=True)
     cluster.kube.write_kubeconfig(tmp)
-    return Kubectl(tmp)
+    return kubectl_in(tmp)
 
 
 async def cr_items(kubectl: Kubectl) -> dict[str, dict[str, Any]]:

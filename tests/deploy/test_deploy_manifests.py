@@ -6,7 +6,6 @@ Docker is not on these machines; kubectl, uv and python3 must be (missing: the t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from prospero.testkit.fake_kube import FakeKube
 from prospero.types.k8s import WorkspaceConfig
 from prospero.types.model import RegisteredWorkspace
 from prospero.types.tokens import Scope, add_token
+from tests.kubectl import Kubectl
 from tests.support import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,33 +71,6 @@ def tool(name: str, install: str) -> str:
     path = shutil.which(name)
     assert path is not None, f"{name} is missing: {install}"
     return path
-
-
-class Kubectl:
-    def __init__(self, tmp: Path, kubeconfig: Path | None = None) -> None:
-        exe = tool("kubectl", "apt-get install kubernetes-client (.ci/run does)")
-        self.base = [exe, "--cache-dir", str(tmp / "kube-cache")]
-        if kubeconfig is not None:
-            self.base[1:1] = ["--kubeconfig", str(kubeconfig)]
-        self.env = {**os.environ, "HOME": str(tmp)}
-
-    async def __call__(self, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *self.base,
-            *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self.env,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(stdin), 30)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
-
-    async def ok(self, *args: str, stdin: bytes | None = None) -> str:
-        rc, out, err = await self(*args, stdin=stdin)
-        assert rc == 0, f"kubectl {' '.join(args)}: {err}"
-        return out
 
 
 async def render(tmp: Path, overlay: str) -> tuple[str, list[dict[str, Any]]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from prospero.testkit.fake_kube import FakeKube
+from tests.kubectl import Kubectl
 from tests.support import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "k8s"
@@ -76,39 +76,14 @@ async def http(fake: FakeKube) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-class Kubectl:
-    def __init__(self, tmp: Path) -> None:
-        self.base = [
-            str(KUBECTL),
-            "--kubeconfig",
-            str(tmp / "kubeconfig"),
-            "--cache-dir",
-            str(tmp / "cache"),
-        ]
-        self.env = {**os.environ, "HOME": str(tmp)}
-
-    async def __call__(self, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *self.base,
-            *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self.env,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(stdin), 20)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
-
-    async def ok(self, *args: str, stdin: bytes | None = None) -> str:
-        rc, out, err = await self(*args, stdin=stdin)
-        assert rc == 0, f"kubectl {' '.join(args)}: {err}"
-        return out
+def kubectl_in(tmp: Path) -> Kubectl:
+    """kubectl on the kubeconfig `FakeKube.write_kubeconfig(tmp)` wrote, HOME and cache in tmp."""
+    return Kubectl(tmp, tmp / "kubeconfig", timeout=20)
 
 
 @pytest.fixture
 def kubectl(tmp_path: Path) -> Kubectl:
-    return Kubectl(tmp_path)
+    return kubectl_in(tmp_path)
 
 
 # kubectl -----------------------------------------------------------------------------------
@@ -249,7 +224,7 @@ async def test_kubectl_applies_the_deploy_crds_to_an_empty_server(tmp_path: Path
         assert yaml.safe_load(f.read_text()) == yaml.safe_load(bundled.read_text())
     async with FakeKube(install_crds=False) as kube:
         kube.write_kubeconfig(tmp_path)
-        kubectl = Kubectl(tmp_path)
+        kubectl = kubectl_in(tmp_path)
         rc, _, err = await kubectl("get", "calibantasks")
         assert rc == 1 and 'the server doesn\'t have a resource type "calibantasks"' in err
         crds = str(REPO / "deploy" / "crds")
