@@ -698,6 +698,8 @@ async def test_one_driver_per_agent_in_a_process(rig: Rig) -> None:
 
 async def test_a_refused_lease_opens_no_session(rig: Rig) -> None:
     class Refuse:
+        shared = True  # another replica holds every lease
+
         def __init__(self) -> None:
             self.asked: list[str] = []
 

@@ -85,6 +85,8 @@ class Wire:
 
 
 class Refuse:
+    shared = True  # another replica holds every lease
+
     async def try_acquire(self, key: str) -> Lease | None:
         return None
 

@@ -467,6 +467,8 @@ class StaticOwnership:
     """A FencingOwnership that believes what it is told (`epochs`): an owner whose belief is
     stale, without a keeper."""
 
+    shared = True
+
     def __init__(self, replica_id: str, epochs: dict[str, int] | None = None) -> None:
         self.replica_id = replica_id
         self.epochs = dict(epochs or {})

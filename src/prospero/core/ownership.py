@@ -54,6 +54,10 @@ class Lease:
 
 @runtime_checkable
 class Ownership(Protocol):
+    # Whether other writers share what this one owns: False standalone (this process wrote
+    # everything, so there is nothing to rebase on or to check against another writer).
+    shared: bool
+
     async def try_acquire(self, key: str) -> Lease | None: ...
 
     async def release(self, key: str) -> None: ...
@@ -70,6 +74,8 @@ class FencingOwnership(Ownership, Protocol):
 
 
 class SelfOwnsAll:
+    shared = False
+
     async def try_acquire(self, key: str) -> Lease | None:
         return Lease(key, 1)
 
@@ -82,6 +88,8 @@ class SelfOwnsAll:
 
 class LeasedOwnership:
     """Ownership under leases kept by `keeper` (its owner is this replica's id)."""
+
+    shared = True
 
     def __init__(self, keeper: LeaseKeeper) -> None:
         self.keeper = keeper

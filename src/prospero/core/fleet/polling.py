@@ -23,7 +23,7 @@ from prospero.core.errors import (
 from prospero.core.fleet.catchup import FirstSight, first_sight
 from prospero.core.fleet.meta import drivable, effective_status
 from prospero.core.fleet.state import AgentSlot, FleetState
-from prospero.core.ownership import SelfOwnsAll, workspace_key
+from prospero.core.ownership import workspace_key
 from prospero.core.wire.control import AgentRecord
 from prospero.types.events import (
     AgentDiscovered,
@@ -192,7 +192,7 @@ class Polling(FleetState):
         end its life with `agent_gone` gets one; one of which nothing is stored is announced
         as `_discover_pending` does. Standalone, this process always wrote them:
         nothing to rebase. On a store error the term is tried again at the next poll."""
-        if isinstance(self.ownership, SelfOwnsAll):
+        if not self.ownership.shared:
             self._lifecycle_terms[name] = epoch
             return
         slots = {a: s for a, s in self._slots.items() if s.workspace == name}
@@ -257,7 +257,7 @@ class Polling(FleetState):
             if slot is None:
                 slot = self._slots[rec.id] = AgentSlot(workspace=ws.name)
                 slot.meta = sight.meta if sight is not None else None
-                if not isinstance(self.ownership, SelfOwnsAll):
+                if self.ownership.shared:
                     slot.discover_pending = True  # `_discover_pending` decides
                 elif (sight is None or not sight.seen_before) and self._writes_lifecycle(ws.name):
                     await self.emitter.emit(ws.name, rec.id, AgentDiscovered())
