@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,6 +31,7 @@ from tests.api.test_cluster_takeover import crash, holder
 from tests.api.test_decisions_api import pending
 from tests.api.test_k8s_backend import NS, Cluster, k8s_stack, register
 from tests.core.test_decisions import ask_turn
+from tests.kubectl import Kubectl
 from tests.support import wait_until
 
 TTL = 1.0
@@ -233,13 +233,9 @@ async def acp_kube(tmp_path: Path) -> AsyncIterator[Cluster]:
         yield c
 
 
-async def run_cli(
-    *argv: str, timeout: float = 60, home: Path | None = None
-) -> tuple[int, str, str]:
+async def run_cli(*argv: str, timeout: float = 60) -> tuple[int, str, str]:
     """A real process (never blocking this loop, which serves prosperod): exit code, out, err."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROSPERO_")}
-    if home is not None:
-        env["HOME"] = str(home)  # nothing read from ~/.kube
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdout=asyncio.subprocess.PIPE,
@@ -272,23 +268,9 @@ async def test_an_acp_task_kubectl_shows_is_approved_and_followed_by_the_cli(
     assert r.status_code == 201, r.text
     agent = str(r.json()["agent_id"])
 
-    kubectl = shutil.which("kubectl")
-    assert kubectl is not None, "kubectl is missing: apt-get install kubernetes-client"
     home = tmp_path / "kubectl"
-    code, out, err = await run_cli(
-        kubectl,
-        "--kubeconfig",
-        str(kube.kube.write_kubeconfig(home, NS)),
-        "--cache-dir",
-        str(home / "cache"),
-        "get",
-        "calibantasks",
-        "-o",
-        "json",
-        home=home,
-    )
-    assert code == 0, err
-    (item,) = orjson.loads(out)["items"]
+    kubectl = Kubectl(home, kube.kube.write_kubeconfig(home, NS))
+    (item,) = orjson.loads(await kubectl.ok("get", "calibantasks", "-o", "json"))["items"]
     assert item["metadata"]["name"] == agent
     assert item["spec"]["task"]["driveProtocol"] == "acp"
     assert item["spec"]["task"]["permissionPosture"] == "supervised"
