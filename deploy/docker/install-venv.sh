@@ -11,4 +11,4 @@ venv=$2
 python3 -m venv --without-pip "$venv"
 uv pip install --python "$venv/bin/python" --compile-bytecode --require-hashes --no-deps \
   -r "$dist/requirements.txt"
-uv pip install --python "$venv/bin/python" --compile-bytecode --no-deps "$dist"/prospero-*.whl
+uv pip install --python "$venv/bin/python" --compile-bytecode --no-deps "$dist"/prospero_fleet-*.whl

@@ -395,7 +395,7 @@ def test_the_dockerfile_install_steps_give_working_commands(tmp_path: Path) -> N
         )  # fmt: skip
         assert done.returncode == 0, f"{script}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     wheels = [p.name for p in dist.glob("*.whl")]
-    assert wheels == ["prospero-0.1.0-py3-none-any.whl"]
+    assert wheels == ["prospero_fleet-0.1.0-py3-none-any.whl"]
     for cmd, first in (("prosperod", "usage: prosperod"), ("prospero", "Usage: prospero")):
         done = subprocess.run(
             [str(venv / "bin" / cmd), "--help"], capture_output=True, text=True,

@@ -17,11 +17,11 @@ Middleware, outermost first (each sees only what the ones before it let through)
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from fastapi import FastAPI
 
+import prospero
 from prospero.api import (
     routes_agents,
     routes_cluster,
@@ -50,10 +50,7 @@ from prospero.core.tokens import TokenTable
 
 
 def _version() -> str:
-    try:
-        return version("prospero")
-    except PackageNotFoundError:
-        return "0.0.0"
+    return prospero.__version__
 
 
 DESCRIPTION = """

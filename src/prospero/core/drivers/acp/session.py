@@ -33,6 +33,7 @@ import acp
 from acp import schema as s
 from pydantic import ValidationError
 
+from prospero import DISTRIBUTION
 from prospero.core.aio import wait_for
 from prospero.core.drivers.acp import auth
 from prospero.core.drivers.acp.mapping import AcpMapper, outcome_for, usage_from
@@ -54,7 +55,7 @@ CLIENT_NAME = "prospero"
 
 def _client_version() -> str:
     try:
-        return _pkg_version("prospero")
+        return _pkg_version(DISTRIBUTION)
     except PackageNotFoundError:
         return "0"
 
