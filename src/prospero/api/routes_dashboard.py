@@ -41,13 +41,13 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
-from pydantic import BaseModel, Field
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prospero.api.deps import ApiState, api_state
 from prospero.core.store.base import EventStore
 from prospero.types.events import AgentFinished, FleetEvent, TurnFinished
+from prospero.types.summary import AgentTotals, DashboardSummary
 
 log = logging.getLogger(__name__)
 
@@ -208,28 +208,6 @@ def install_routes(app: FastAPI) -> None:
 # ------------------------------------------------------------------------ per-agent totals
 
 
-class AgentTotals(BaseModel):
-    """Token, cost and turn totals of one agent, folded from its stored events.
-
-    Sums of its `turn_finished` events, counted as each turn ends whatever the agent's state
-    (running, idle, killed): the same per-turn accounting as /api/usage. `agent_finished`
-    gives the outcome (and model) only: its own totals would count the turns twice, and miss
-    turns it does not know of. Null = nothing reported (never a fake 0)."""
-
-    seq: int = 0  # last folded event seq
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cost_usd: float | None = None
-    turns: int = 0
-    outcome: str | None = None
-    model: str | None = None  # the model the agent last reported using
-
-
-class DashboardSummary(BaseModel):
-    last_ordinal: int = 0
-    agents: dict[str, AgentTotals] = Field(default_factory=dict)
-
-
 def _nadd(a: int | None, b: int | None) -> int | None:
     if b is None:
         return a
@@ -376,4 +354,13 @@ async def summary(st: State, request: Request) -> Response:
     return await render_summary(st.store, st.manager.agent_ids(), _cache(request))
 
 
-__all__ = ["CSP", "DashboardAssets", "asset_response", "install_routes", "load_assets", "router"]
+__all__ = [
+    "CSP",
+    "AgentTotals",
+    "DashboardAssets",
+    "DashboardSummary",
+    "asset_response",
+    "install_routes",
+    "load_assets",
+    "router",
+]
