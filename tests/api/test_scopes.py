@@ -50,6 +50,7 @@ EXPECTED: dict[tuple[str, str], Scope | None] = {
     ("GET", "/api/workspaces"): READ,
     ("GET", "/api/workspaces/{workspace}/agents"): READ,
     ("GET", "/api/workspaces/{workspace}/policy"): READ,
+    ("GET", "/api/agent-ids/{prefix}"): READ,
     ("GET", "/api/agents/{agent_id}"): READ,
     ("GET", "/api/agents/{agent_id}/events"): READ,
     ("GET", "/api/agents/{agent_id}/stream"): READ,

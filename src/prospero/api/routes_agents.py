@@ -20,6 +20,12 @@ from prospero.api.sse import (
 )
 from prospero.core.errors import AgentNotFound
 from prospero.core.subscription import follow_stream
+from prospero.types.agent_ids import (
+    MAX_CANDIDATES,
+    AgentIdResolution,
+    AgentRef,
+    AmbiguousAgentId,
+)
 from prospero.types.api import AdoptBody, AgentInputBody, RespawnedResponse
 from prospero.types.events import FleetEvent
 from prospero.types.model import Agent
@@ -76,6 +82,72 @@ async def get_agent(st: State, agent_id: str) -> Response:
     agent = st.manager.get_agent(agent_id)
     await fill_owners(st, [agent])
     return json_response(agent)
+
+
+async def agent_refs(st: ApiState, prefix: str) -> dict[str, AgentRef]:
+    """Every agent whose id starts with `prefix`: those the fleet lists now (with their
+    status), then those only Prospero's own metadata knows (spawned or adopted here)."""
+    refs: dict[str, AgentRef] = {}
+    manager = st.manager
+    for agent_id in manager.agent_ids():
+        if agent_id.startswith(prefix):
+            try:
+                a = manager.get_agent(agent_id)
+            except AgentNotFound:  # gone between the two reads
+                continue
+            refs[agent_id] = AgentRef(
+                agent_id=agent_id, workspace=a.workspace, status=a.status, label=a.label
+            )
+    for meta in await manager.agents.list_meta():
+        if meta.agent_id.startswith(prefix) and meta.agent_id not in refs:
+            refs[meta.agent_id] = AgentRef(agent_id=meta.agent_id, workspace=meta.workspace)
+    return refs
+
+
+@router.get(
+    "/api/agent-ids/{prefix}",
+    operation_id="resolveAgentId",
+    response_model=AgentIdResolution,
+    responses={
+        **errors(404),
+        409: {"model": AmbiguousAgentId, "description": "The prefix starts several ids"},
+    },
+    summary="Resolve a unique prefix of an agent id (404: none; 409: several, listed)",
+    description=(
+        "Matches the agents the fleet lists now and every agent this control plane spawned "
+        "or adopted. An id given in full resolves to itself (also when only its stored "
+        "history knows it), even when longer ids start with it. A 409 `ambiguous` is the "
+        "error envelope plus `prefix`, `candidates` (sorted by id, at most "
+        f"{MAX_CANDIDATES}) and `more` (how many were left out)."
+    ),
+)
+async def resolve_agent_id(st: State, prefix: str) -> Response:
+    bad = control_char_in_name(prefix)
+    if bad is not None:
+        raise InvalidRequest(f"agent id {describe_bad_char(*bad)}")
+    refs = await agent_refs(st, prefix)
+    exact = refs.get(prefix)
+    if exact is None and not refs and await st.store.high_water(prefix) > 0:
+        exact = AgentRef(agent_id=prefix)
+    if exact is not None:
+        return json_response(AgentIdResolution(prefix=prefix, agent=exact, exact=True))
+    if not refs:
+        raise AgentNotFound(prefix)
+    if len(refs) == 1:
+        (only,) = refs.values()
+        return json_response(AgentIdResolution(prefix=prefix, agent=only, exact=False))
+    ordered = [refs[k] for k in sorted(refs)]
+    shown = ordered[:MAX_CANDIDATES]
+    listing = ", ".join(r.agent_id for r in shown)
+    more = len(ordered) - len(shown)
+    tail = f" and {more} more" if more else ""
+    body = AmbiguousAgentId(
+        error=f"agent id prefix '{prefix}' is ambiguous: it starts {listing}{tail}",
+        prefix=prefix,
+        candidates=shown,
+        more=more,
+    )
+    return json_response(body, status=409)
 
 
 @router.delete(
