@@ -158,12 +158,36 @@ def _f(**kw: Any) -> bytes:
 
 
 def test_tool_started_held_until_input_complete() -> None:
+    # Out as soon as the fragments form the whole input object: the call starts then, not
+    # when its ToolCallEnd (sent after the tool ran) arrives, so its duration is real.
     n = Normalizer()
     assert n.feed(_f(type="ToolCallStart", tool_use_id="a", name="Bash")) == []
     assert n.feed(_f(type="ToolCallInputDelta", tool_use_id="a", partial_json='{"cmd":')) == []
-    assert n.feed(_f(type="ToolCallInputDelta", tool_use_id="a", partial_json='"ls"}')) == []
-    out = n.feed(_f(type="AssistantTextDelta", text="x"))
-    assert out == [ToolStarted(id="a", name="Bash", input={"cmd": "ls"}), Output(chunk="x")]
+    assert n.feed(_f(type="ToolCallInputDelta", tool_use_id="a", partial_json='"a}')) == []
+    out = n.feed(_f(type="ToolCallInputDelta", tool_use_id="a", partial_json=' b"}'))
+    assert out == [ToolStarted(id="a", name="Bash", input={"cmd": "a} b"})]
+    assert n.feed(_f(type="AssistantTextDelta", text="x")) == [Output(chunk="x")]
+    end = n.feed(_f(type="ToolCallEnd", tool_use_id="a", result_text="ok"))
+    assert end == [ToolFinished(id="a", name="Bash", ok=True, result=ToolResult(text="ok"))]
+
+
+def test_tool_started_out_before_its_end_in_a_stream() -> None:
+    # The wire's order: the input streamed, the model stops, the tool runs, then ToolCallEnd.
+    n = Normalizer()
+    lines = [
+        _f(type="ToolCallStart", tool_use_id="a", name="Edit"),
+        _f(type="ToolCallInputDelta", tool_use_id="a", partial_json='{"file_path": "x.py", '),
+        _f(type="ToolCallInputDelta", tool_use_id="a", partial_json='"old_string": "}", '),
+        _f(type="ToolCallInputDelta", tool_use_id="a", partial_json='"new_string": "]"}'),
+    ]
+    started = n.feed_lines(lines)
+    assert started == [
+        ToolStarted(
+            id="a", name="Edit", input={"file_path": "x.py", "old_string": "}", "new_string": "]"}
+        )
+    ]
+    end = n.feed_lines([_f(type="ToolCallEnd", tool_use_id="a", result_text="done")])
+    assert [e.kind for e in end] == ["tool_finished"]
 
 
 def test_tool_input_variants() -> None:
@@ -338,12 +362,9 @@ def test_conclude_closes_open_tools_and_survives_a_restart() -> None:
     b = Normalizer()
     b.restore(json.loads(json.dumps(a.state())))
     out = b.conclude("crashed", "the worker exited (failed) without ending its run")
-    assert [e.kind for e in out] == [
-        "tool_started",
-        "tool_finished",
-        "tool_finished",
-        "agent_finished",
-    ]
+    # Both tool_started went out before the restart (t1 at t2's start, t2 once its `{}` input
+    # was complete): nothing is held, both calls are open.
+    assert [e.kind for e in out] == ["tool_finished", "tool_finished", "agent_finished"]
     assert {(e.id, e.ok) for e in out if isinstance(e, ToolFinished)} == {
         ("t1", False),
         ("t2", False),

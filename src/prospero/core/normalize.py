@@ -4,9 +4,12 @@ Upstream Prospero throws most of the payload away (tool input always null, finis
 empty, no result, no usage, cost 0). This normaliser keeps the same event order and kinds but
 fills those fields from the frames that carry them:
 
-- `ToolCallStart` is held back until its `ToolCallInputDelta` fragments are complete (any other
-  frame, or `flush()`), so `tool_started.input` is the real JSON input (the raw text when the
-  fragments do not parse, null when there were none).
+- `ToolCallStart` is held back until its `ToolCallInputDelta` fragments are complete: when they
+  form a JSON object (the model finished writing the input: the call starts then), else at any
+  other frame or `flush()`. So `tool_started.input` is the real JSON input (the raw text when
+  the fragments do not parse, null when there were none), and `tool_started` is stamped when
+  the input was complete, not when the tool's `ToolCallEnd` arrived (which comes after the tool
+  ran: waiting for it made every tool call last 0 ms).
 - `ToolCallEnd` gets the tool name from its `ToolCallStart` and a `result` (the agent's capped
   `result_text`, else the flattened text of its content blocks).
 - `TurnEnd` becomes `turn_finished` with that turn's usage and cost; `RunEnd` carries the total
@@ -154,6 +157,18 @@ def _parse_input(fragments: list[str]) -> Any:
         return raw
 
 
+def _closes_object(frag: str, fragments: list[str]) -> bool:
+    """Whether the fragments, ending with `frag`, now form a whole JSON object (the tool input
+    is complete). Only tried when a fragment ends with `}`, so a long input streamed in many
+    fragments is parsed a few times, not once per fragment."""
+    if not frag.rstrip().endswith("}"):
+        return False
+    try:
+        return type(orjson.loads("".join(fragments))) is dict
+    except orjson.JSONDecodeError:
+        return False
+
+
 @dataclass
 class _PendingTool:
     id: str
@@ -267,6 +282,8 @@ class Normalizer:
                 if pending.size + len(frag) <= MAX_INPUT_TEXT:
                     pending.fragments.append(frag)
                     pending.size += len(frag)
+                    if _closes_object(frag, pending.fragments):
+                        return self.flush()
                 return []
             # A fragment for a tool call that is not the held-back one: nothing to attach it to.
             out = self.flush()
