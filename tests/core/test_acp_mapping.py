@@ -18,6 +18,7 @@ from prospero.types.events import (
     AgentFinished,
     AgentInit,
     EventKind,
+    FileDiff,
     FramesSkipped,
     Output,
     ToolFinished,
@@ -25,6 +26,7 @@ from prospero.types.events import (
     TurnFinished,
     TurnLost,
     Usage,
+    kind_to_json,
 )
 
 
@@ -115,6 +117,46 @@ def test_an_expired_hold_releases_the_start_without_input() -> None:
     ((tid, slot),) = r.holds
     r.mapper.expire_hold(tid, slot)
     assert r.take() == [ToolStarted(id="t1", name="Read", input=None), Output(chunk="after")]
+
+
+def test_diff_content_rides_on_tool_started() -> None:
+    # An edit announced with ACP `diff` content: the edits reach the event (the dashboard
+    # renders them), with or without a rawInput; the result still renders them as text.
+    r = Rig()
+    r.mapper.begin_turn(0)
+    diff = {"type": "diff", "path": "/w/a.py", "oldText": "x = 1\n", "newText": "x = 2\n"}
+    new_file = {"type": "diff", "path": "/w/b.py", "newText": "print()\n"}
+    r.mapper.update(tool("e1", "Edit a.py", kind="edit", status="pending", content=[diff]))
+    r.mapper.update(tool_upd("e1", status="in_progress"))  # releases the held start
+    r.mapper.update(
+        tool("e2", "Write b.py", kind="edit", rawInput={"file_path": "/w/b.py"}, content=[new_file])
+    )
+    r.mapper.update(tool("r1", "Read", kind="read", rawInput={"path": "/w/a.py"}))
+    r.mapper.update(tool_upd("e1", status="completed"))
+    evs = r.take()
+    assert evs[:3] == [
+        ToolStarted(
+            id="e1",
+            name="Edit a.py",
+            input=None,
+            diffs=[FileDiff(path="/w/a.py", old_text="x = 1\n", new_text="x = 2\n")],
+        ),
+        ToolStarted(
+            id="e2",
+            name="Write b.py",
+            input={"file_path": "/w/b.py"},
+            diffs=[FileDiff(path="/w/b.py", old_text=None, new_text="print()\n")],
+        ),
+        ToolStarted(id="r1", name="Read", input={"path": "/w/a.py"}),
+    ]
+    # No `diffs` key at all on a call without (the JSON of every other tool_started is as it was).
+    assert "diffs" not in kind_to_json(evs[2])
+    assert kind_to_json(evs[0])["diffs"] == [
+        {"path": "/w/a.py", "old_text": "x = 1\n", "new_text": "x = 2\n"}
+    ]
+    fin = evs[3]
+    assert isinstance(fin, ToolFinished) and fin.result is not None
+    assert "-x = 1\n+x = 2" in fin.result.text
 
 
 def test_a_tool_call_id_reused_in_a_later_turn_is_a_new_call() -> None:

@@ -87,6 +87,17 @@ class Output(_Kind):
     chunk: str = ""
 
 
+class FileDiff(BaseModel):
+    """A file edit a tool call carries (ACP `ToolCallContent` of type `diff`): the file's text
+    before (null: a new file) and after."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    path: str = ""
+    old_text: str | None = None
+    new_text: str = ""
+
+
 class ToolStarted(_Kind):
     kind: Literal["tool_started"] = "tool_started"
     id: str = ""
@@ -94,6 +105,9 @@ class ToolStarted(_Kind):
     # The real tool input (assembled from ToolCallInputDelta fragments); a string when the
     # fragments did not form valid JSON, null when the agent sent none.
     input: Any = None
+    # ACP: the `diff` content the call was announced with (the edits it proposes). Absent from
+    # the JSON when there is none (an NDJSON call's edit is in its `input`).
+    diffs: list[FileDiff] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ToolFinished(_Kind):

@@ -36,6 +36,7 @@ from prospero.core.normalize import RESULT_TEXT_CAP
 from prospero.types.events import (
     AgentFinished,
     AgentInit,
+    FileDiff,
     Output,
     StreamGap,
     ToolFinished,
@@ -160,6 +161,16 @@ def render_content(content: Sequence[Any]) -> str:
         elif isinstance(item, s.TerminalToolCallContent):
             parts.append(f"[terminal {item.terminal_id}]")
     return "\n".join(parts)
+
+
+def diffs_of(content: Sequence[Any] | None) -> list[FileDiff] | None:
+    """The `diff` items of a call's ToolCallContent (the edits it proposes); None without."""
+    out = [
+        FileDiff(path=item.path, old_text=item.old_text, new_text=item.new_text)
+        for item in content or ()
+        if isinstance(item, s.FileEditToolCallContent)
+    ]
+    return out or None
 
 
 def usage_from(value: Any) -> Usage | None:
@@ -444,7 +455,10 @@ class AcpMapper:
             return
         st.slot = None
         st.name = st.display_name()
-        self.out.fill(slot, ToolStarted(id=st.id, name=st.name, input=st.raw_input))
+        self.out.fill(
+            slot,
+            ToolStarted(id=st.id, name=st.name, input=st.raw_input, diffs=diffs_of(st.content)),
+        )
 
     def _result_of(self, st: ToolState) -> ToolResult:
         if st.raw_output is not None:
