@@ -274,6 +274,10 @@ async def test_decide_errors(make_stack: StackFactory) -> None:
     envelope(r, 404, "not_found")
     agent_id = await spawn(stack)
     [d] = await pending(stack, agent_id)
+    # The fleet view says the agent awaits approval (its status alone reads running).
+    fleet = (await stack.client.get("/api/fleet")).json()
+    [view] = [a for ws in fleet["workspaces"] for a in ws["agents"] if a["id"] == agent_id]
+    assert (view["status"], view["pending_decisions"]) == ("running", 1)
     r = await stack.client.post(f"/api/decisions/{d['id']}", json={"option_id": "maybe"})
     assert "offered: allow-once (allow_once)" in envelope(r, 400, "invalid_option")["error"]
     r = await stack.client.post(f"/api/decisions/{d['id']}", json={})
@@ -292,6 +296,8 @@ async def test_decide_errors(make_stack: StackFactory) -> None:
     r = await stack.client.get("/api/decisions", params={"state": "decided"})
     assert [x["id"] for x in r.json()] == [d["id"]]
     assert (await stack.client.get("/api/decisions?state=pending")).json() == []
+    fleet = (await stack.client.get("/api/fleet")).json()
+    assert [a["pending_decisions"] for ws in fleet["workspaces"] for a in ws["agents"]] == [0]
 
 
 async def test_fleet_and_agent_streams_carry_decision_events(make_stack: StackFactory) -> None:

@@ -16,6 +16,9 @@ Pending and resolved decisions are also events on the agent's stream (and the fl
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -25,6 +28,7 @@ from prospero.api.deps import ApiState, NotReady, api_state
 from prospero.api.errors import envelope
 from prospero.api.responses import dump, errors, json_response
 from prospero.core.decisions import DecisionService, UnknownOption, decided_by_name
+from prospero.core.errors import StoreError
 from prospero.types.decisions import (
     DecideBody,
     Decision,
@@ -32,12 +36,33 @@ from prospero.types.decisions import (
     PolicyPatch,
     WorkspacePolicy,
 )
+from prospero.types.model import Agent
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["decisions"])
 
 State = Annotated[ApiState, Depends(api_state)]
 WorkspaceName = Annotated[str, Path(min_length=1, max_length=100)]
 StateFilter = Literal["pending", "decided", "expired", "cancelled", "all"]
+
+
+async def fill_pending(st: ApiState, agents: Iterable[Agent]) -> None:
+    """Set the `pending_decisions` of each agent view (fresh views, built for this response):
+    one query of the pending decisions for all of them. Without a decisions service (or when
+    the query fails, logged) they stay 0: the fleet's own view does not depend on it."""
+    svc = getattr(st.runtime, "decisions", None)
+    views = list(agents)
+    if not isinstance(svc, DecisionService) or not views:
+        return
+    try:
+        pending = await svc.query(state="pending")
+    except StoreError as e:
+        log.warning("pending decisions unknown for this response: %s", e)
+        return
+    counts = Counter(d.agent_id for d in pending)
+    for a in views:
+        a.pending_decisions = counts.get(a.id, 0)
 
 
 def decisions_of(st: ApiState) -> DecisionService:

@@ -14,6 +14,7 @@ from prospero.api.errors import InvalidRequest
 from prospero.api.responses import clean_workspace, dump, errors, json_response
 from prospero.api.routes_agents import LAST_EVENT_ID_SCHEMA, FromQuery, parse_last_event_id
 from prospero.api.routes_cluster import fill_owners
+from prospero.api.routes_decisions import fill_pending
 from prospero.api.sse import (
     SSE_RESPONSES,
     SseResponse,
@@ -44,7 +45,9 @@ TS_MAX_YEAR = 9000
 @router.get("/api/fleet", operation_id="getFleet", response_model=FleetSnapshot)
 async def fleet(st: State) -> Response:
     snap = st.manager.snapshot()
-    await fill_owners(st, (a for ws in snap.workspaces for a in ws.agents))
+    agents = [a for ws in snap.workspaces for a in ws.agents]
+    await fill_owners(st, agents)
+    await fill_pending(st, agents)
     data = dump(snap)
     for ws in data["workspaces"]:
         clean_workspace(ws)

@@ -106,6 +106,13 @@ class Agent(BaseModel):
             "Null when no replica holds it, and always on a standalone prosperod."
         ),
     )
+    pending_decisions: int = Field(
+        default=0,
+        description=(
+            "Filled by GET /api/fleet: the agent's permission decisions waiting for a human "
+            "(more than 0: it is awaiting approval, whatever its status says)."
+        ),
+    )
 
 
 class AgentMeta(BaseModel):
