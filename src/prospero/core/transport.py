@@ -3,6 +3,14 @@
 Unix sockets carry no TLS and no token. TCP connections use TLS trusting only the configured
 CA and verifying the configured server name, then send the `{"bearer": ...}` preamble line.
 A token without TLS is refused: it would travel in clear.
+
+The transport owns Prospero's address type, `Address` (`UnixAddress` | `TcpAddress`): what
+the FleetProvider seam hands out (an agent's address, listed or from `attach`) and what the
+drivers dial. It is independent of any backend's wire: caliband's endpoint models
+(`wire.control.UnixEndpoint`/`TcpEndpoint`) are translated into it by `address_of`, at the
+boundary of whatever speaks caliband (LocalFleet, K8sFleet's pod dial). The dialling functions
+take caliband's endpoint models as well, read as the same address: the control client, the
+testkit's fakes and the benchmarks dial caliband's endpoints as caliband wrote them.
 """
 
 from __future__ import annotations
@@ -14,13 +22,13 @@ import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import orjson
 
 from prospero.core.aio import wait_for
 from prospero.core.errors import InvalidConfig, TransportError
-from prospero.core.wire.control import Endpoint, TcpEndpoint, UnixEndpoint
+from prospero.core.wire.control import Endpoint, UnixEndpoint
 
 MAX_LINE = 1 << 20  # 1 MiB: longer lines are skipped and counted, never buffered whole
 STREAM_LIMIT = MAX_LINE + 2
@@ -64,24 +72,64 @@ class NetworkSecurity:
         return ctx
 
 
-def describe(endpoint: Endpoint) -> str:
-    return endpoint.path if isinstance(endpoint, UnixEndpoint) else endpoint.addr
+@dataclass(frozen=True, slots=True)
+class UnixAddress:
+    """A Unix socket path (no TLS, no token)."""
+
+    path: str
+    scheme: ClassVar[Literal["unix"]] = "unix"
+
+
+@dataclass(frozen=True, slots=True)
+class TcpAddress:
+    """A bare `host:port` (TLS + token per `NetworkSecurity`). Parsed when dialled, so a
+    malformed one fails the dial (TransportError), not whoever merely passes it on."""
+
+    addr: str
+    scheme: ClassVar[Literal["tcp"]] = "tcp"
+
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"bad tcp endpoint address {self.addr!r}")
+        return host.strip("[]"), int(port)
+
+
+Address = UnixAddress | TcpAddress
+"""Where an agent (or a caliband) is reached."""
+
+Dialable = Address | Endpoint
+"""What the dialling functions accept: Prospero's address, or caliband's endpoint model."""
+
+
+def address_of(endpoint: Dialable) -> Address:
+    """caliband's endpoint model as Prospero's address (an Address is returned as it is)."""
+    if isinstance(endpoint, UnixAddress | TcpAddress):
+        return endpoint
+    if isinstance(endpoint, UnixEndpoint):
+        return UnixAddress(endpoint.path)
+    return TcpAddress(endpoint.addr)
+
+
+def describe(endpoint: Dialable) -> str:
+    return endpoint.path if isinstance(endpoint, UnixEndpoint | UnixAddress) else endpoint.addr
 
 
 async def open_endpoint(
-    endpoint: Endpoint, security: NetworkSecurity | None = None
+    endpoint: Dialable, security: NetworkSecurity | None = None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Dial an endpoint; for TCP do TLS + the bearer preamble. Raises TransportError."""
+    """Dial an address (or caliband endpoint); for TCP do TLS + the bearer preamble. Raises
+    TransportError."""
     sec = security or NetworkSecurity()
+    address = address_of(endpoint)
     try:
-        if isinstance(endpoint, UnixEndpoint):
+        if isinstance(address, UnixAddress):
             reader, writer = await wait_for(
-                asyncio.open_unix_connection(endpoint.path, limit=STREAM_LIMIT),
+                asyncio.open_unix_connection(address.path, limit=STREAM_LIMIT),
                 sec.connect_timeout,
             )
             return reader, writer
-        assert isinstance(endpoint, TcpEndpoint)
-        host, port = endpoint.host_port()
+        host, port = address.host_port()
         ctx = sec.ssl_context()
         reader, writer = await wait_for(
             asyncio.open_connection(
@@ -96,9 +144,9 @@ async def open_endpoint(
     except InvalidConfig:
         raise
     except ssl.SSLError as e:
-        raise TransportError(f"TLS failure dialing {describe(endpoint)}: {e.reason or e}") from e
+        raise TransportError(f"TLS failure dialing {describe(address)}: {e.reason or e}") from e
     except (OSError, TimeoutError, ValueError) as e:
-        raise TransportError(f"cannot connect to {describe(endpoint)}: {e or type(e).__name__}") from e
+        raise TransportError(f"cannot connect to {describe(address)}: {e or type(e).__name__}") from e
     sock = writer.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):
@@ -109,7 +157,7 @@ async def open_endpoint(
             await writer.drain()
         except OSError as e:
             writer.close()
-            raise TransportError(f"connection to {describe(endpoint)} dropped: {e}") from e
+            raise TransportError(f"connection to {describe(address)} dropped: {e}") from e
     return reader, writer
 
 
@@ -272,7 +320,7 @@ async def _drain_and_close(
 
 
 async def send_one_line(
-    endpoint: Endpoint,
+    endpoint: Dialable,
     security: NetworkSecurity | None,
     line: bytes,
     drain_timeout: float = 5.0,
