@@ -57,7 +57,17 @@ class TransportError(ProsperoError):
 
 
 class CalibandUnreachable(TransportError):
-    pass
+    """caliband's control endpoint cannot be reached (the control client, discovery). It stays
+    below the FleetProvider seam: LocalFleet turns it into FleetUnreachable."""
+
+
+class FleetUnreachable(ProsperoError):
+    """The FleetProvider seam's error for "this workspace's backend cannot be reached": its
+    caliband (LocalFleet), the Kubernetes API server or an agent's pod caliband (K8sFleet).
+    Each provider translates its own transport failures into it at its boundary; the manager
+    marks the workspace unreachable, the API answers 503."""
+
+    kind = "unreachable"
 
 
 class ProtocolError(ProsperoError):
