@@ -47,9 +47,7 @@ async def test_store_round_trip(kind: str) -> None:
     assert got is not None and got.outcome == "EndOfTurn" and got.posture == "supervised"
     assert [x.agent_id for x in await store.list_meta()] == ["a1", "b2"]
     assert await store.delete_meta("b2") is True and await store.delete_meta("b2") is False
-    close = getattr(store, "close", None)
-    if close is not None:
-        await close()
+    await store.close()
 
 
 async def test_sqlite_store_shares_the_event_file_and_survives_reopen() -> None:

@@ -561,51 +561,13 @@ async def test_poison_events_published_without_a_store_are_encodable(
 
 async def test_agent_sink_commits_the_cursor_with_the_batch(store: ScriptedStore) -> None:
     em = Emitter(store, InProcessBus())
-    sink = _AgentSink(em, "ws", "a", store)
+    sink = _AgentSink(em, "ws", "a")
     await sink.emit_batch([("stdout", "x"), Output(chunk="y")], b"c1")
     await sink.emit_batch([], b"c2")
     await em.flush()
     assert [e.seq for e in await store.replay("a")] == [1, 2]
     assert await store.load_cursor("a") == b"c2"
     await em.close()
-
-
-class PlainEmitter:
-    """An emitter without the batch path (e.g. a test double): events one by one."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str, object]] = []
-        self.flushed = 0
-
-    async def emit(self, repo: str, agent_id: str, kind: object) -> FleetEvent:
-        self.events.append((repo, agent_id, kind))
-        return ev(agent_id, len(self.events))
-
-    async def flush(self) -> None:
-        self.flushed = len(self.events)
-
-
-class Cursors:
-    def __init__(self, emitter: PlainEmitter) -> None:
-        self.emitter = emitter
-        self.saved: list[tuple[str, bytes, int]] = []
-
-    async def save_cursor(self, key: str, data: bytes) -> None:
-        self.saved.append((key, data, self.emitter.flushed))
-
-    async def load_cursor(self, key: str) -> bytes | None:
-        return self.saved[-1][1] if self.saved else None
-
-
-async def test_agent_sink_without_a_batch_path_saves_the_cursor_after_its_events() -> None:
-    em = PlainEmitter()
-    cursors = Cursors(em)
-    sink = _AgentSink(em, "ws", "a", cursors)  # type: ignore[arg-type]
-    await sink.emit_batch([("stdout", "x"), Output(chunk="y")], b"c1")
-    assert [k for _, _, k in em.events] == [Output(chunk="x"), Output(chunk="y")]
-    assert cursors.saved == [("a", b"c1", 2)]  # saved once both events were flushed
-    await sink.emit_batch([Output(chunk="z")])
-    assert len(cursors.saved) == 1
 
 
 async def test_a_base_row_commits_with_its_delta_in_one_transaction(db: Path) -> None:
@@ -615,7 +577,7 @@ async def test_a_base_row_commits_with_its_delta_in_one_transaction(db: Path) ->
     await store.open()
     emitter = Emitter(store, InProcessBus())
     try:
-        sink = _AgentSink(emitter, "r", "a1", None)
+        sink = _AgentSink(emitter, "r", "a1")
         await sink.emit_batch([("stdout", "x")], cursor=b"delta-1", cursor_base=b"base-1")
         await sink.emit_batch([("stdout", "y")], cursor=b"delta-2")
         await emitter.flush()

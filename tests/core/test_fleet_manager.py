@@ -604,6 +604,10 @@ class _SilentDriver:
     def finished(self) -> bool:
         return self._finished
 
+    @property
+    def turn_in_flight(self) -> int | None:
+        return None
+
 
 async def test_a_terminal_agent_whose_run_never_ended_is_concluded_once(
     fleet_env: FleetEnv,

@@ -146,6 +146,13 @@ class AgentDriver(Protocol):
     @property
     def finished(self) -> bool: ...
 
+    @property
+    def turn_in_flight(self) -> int | None:
+        """The turn a prompt is out for and whose end has not been recorded, if any (ACP); a
+        driver without turns of its own (NDJSON: the worker runs them) says None. The manager
+        records it lost (`turn_lost`) when the driver dies with it in flight."""
+        ...
+
 
 def concluding_outcome(status: AgentStatus | None) -> str:
     """The `agent_finished.outcome` of a run that ended without its terminal frame."""
@@ -224,6 +231,11 @@ class ReconnectingDriver:
     def finished(self) -> bool:
         """The terminal `agent_finished` has been emitted."""
         return self._terminal
+
+    @property
+    def turn_in_flight(self) -> int | None:
+        """None: a driver whose protocol has turns of its own (ACP) says which is in flight."""
+        return None
 
     def nudge(self) -> None:
         """The agent's status changed: end a reconnect backoff now."""

@@ -17,7 +17,7 @@ from prospero.core.errors import ProsperoError
 from prospero.core.fleet.meta import drive_protocol, effective_status
 from prospero.core.fleet.state import AgentSlot, FleetState
 from prospero.core.ownership import workspace_key
-from prospero.types.events import StatusChanged, now_ts, stream_key_for
+from prospero.types.events import AgentFinished, StatusChanged, now_ts, stream_key_for
 from prospero.types.model import AgentMeta, RegisteredWorkspace
 
 log = logging.getLogger(__name__)
@@ -30,9 +30,8 @@ class RunEnding(FleetState):
         """Fallback end of a closed driver whose agent is terminal but whose run never ended
         in the stream: the driver closes open tool calls and emits agent_finished (once).
         `ending` (outcome, detail) when the caller knows why; else from the listed status."""
-        conclude = getattr(driver, "conclude", None)
         slot = self._slots.get(agent_id)
-        if conclude is None or driver.finished or slot is None or slot.record is None:
+        if driver.finished or slot is None or slot.record is None:
             return
         status = slot.record.status
         outcome, detail = ending or (
@@ -40,7 +39,7 @@ class RunEnding(FleetState):
             f"caliband reports the agent {status.value}; the end of its run was never seen",
         )
         try:
-            await conclude(outcome, detail)
+            await driver.conclude(outcome, detail)
         except Exception as e:
             log.warning("agent %s: could not conclude its run: %s", agent_id, e)
             return
@@ -65,7 +64,8 @@ class RunEnding(FleetState):
             return
         if not finished:
             return
-        outcome = getattr(finished[-1].kind, "outcome", "") or ""
+        last = finished[-1].kind
+        outcome = last.outcome if isinstance(last, AgentFinished) else ""
         base = slot.meta or AgentMeta(
             agent_id=agent_id,
             workspace=slot.workspace,

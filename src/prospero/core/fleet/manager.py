@@ -51,6 +51,7 @@ from prospero.core.relay.routing import OwnerRouting
 from prospero.core.sources import discover_sources, validate_root
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
 from prospero.core.store.sqlite.agents import MemoryAgentMetaStore, SqliteAgentMetaStore
+from prospero.core.store.sqlite.events import SqliteEventStore
 from prospero.core.wire.control import AgentRecord
 from prospero.types.api import Readiness, WorkspaceSummary
 from prospero.types.k8s import WorkspaceAccepted, WorkspaceConfig
@@ -80,9 +81,8 @@ def agent_from_record(workspace: str, rec: AgentRecord, meta: AgentMeta | None =
 
 def default_meta_store(store: EventStore) -> AgentMetaStore:
     """Metadata beside the events when they live in a SQLite file, else in memory."""
-    path = getattr(store, "path", None)
-    if isinstance(path, str) and path and path != ":memory:":
-        return SqliteAgentMetaStore(path)
+    if isinstance(store, SqliteEventStore) and store.path and store.path != ":memory:":
+        return SqliteAgentMetaStore(store.path)
     return MemoryAgentMetaStore()
 
 
@@ -164,10 +164,9 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         await self.provider.close()
-        close = getattr(self.agents, "close", None)
-        if self._owns_agents and close is not None:
+        if self._owns_agents:
             with contextlib.suppress(Exception):
-                await close()
+                await self.agents.close()
 
     def lease_lost(self, key: str) -> None:
         """A lease this replica held is gone (clustered: another replica took it over, or it

@@ -243,10 +243,9 @@ class Polling(FleetState):
         # to a new stream otherwise waits for one store round trip per agent, in series (and
         # each agent's driver only starts after its turn). The same goes for what the store
         # knows of them (metadata, history).
-        prepare = getattr(self.emitter, "prepare", None)
         new_ids = [r.id for r in records if r.id not in self._slots]
-        if new_ids and prepare is not None:
-            await prepare([stream_key_for(ws.name, agent_id) for agent_id in new_ids])
+        if new_ids:
+            await self.emitter.prepare([stream_key_for(ws.name, agent_id) for agent_id in new_ids])
         sights = await first_sight(self.store, self.agents, ws.name, new_ids) if new_ids else {}
         await self._discover_pending(ws.name, records)
         for rec in records:

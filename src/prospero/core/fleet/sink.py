@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prospero.core.drivers.ndjson_state import BASE_SUFFIX
-from prospero.core.fleet.state import CursorStoreLike, EmitterLike
-from prospero.types.events import CompactKind, EventKind, expand_kind
+from prospero.core.fleet.state import EmitterLike
+from prospero.types.events import CompactKind, EventKind
 
 
 class AgentSink:
@@ -17,23 +17,20 @@ class AgentSink:
 
     `emit_batch(kinds, cursor)`: the driver's resume state after these events (`kinds` may be
     empty when only the cursor moved), committed in the same store transaction as them
-    (`Emitter.emit_many`). With an emitter that has no batch path, the events are emitted one
-    by one, flushed, and the cursor saved on its own afterwards (`cursor_store`)."""
+    (`Emitter.emit_many`: every emitter of the manager has that batch path, `EmitterLike`)."""
 
-    __slots__ = ("agent_id", "cursor_store", "emitter", "on_activity", "repo")
+    __slots__ = ("agent_id", "emitter", "on_activity", "repo")
 
     def __init__(
         self,
         emitter: EmitterLike,
         repo: str,
         agent_id: str,
-        cursor_store: CursorStoreLike | None = None,
         on_activity: Callable[[], None] | None = None,
     ) -> None:
         self.emitter = emitter
         self.repo = repo
         self.agent_id = agent_id
-        self.cursor_store = cursor_store
         # Told of every event the driver hands over: the workspace is busy (poll it at the
         # configured interval, its agents' status may change any moment).
         self.on_activity = on_activity
@@ -58,27 +55,15 @@ class AgentSink:
         same transaction as `cursor` (see drivers/ndjson_state.py)."""
         if kinds and self.on_activity is not None:
             self.on_activity()
-        emit_many = getattr(self.emitter, "emit_many", None)
-        if emit_many is not None:
-            if cursor is None:
-                await emit_many(self.repo, self.agent_id, kinds)
-            elif cursor_base is None:
-                await emit_many(self.repo, self.agent_id, kinds, cursor)
-            else:
-                await emit_many(
-                    self.repo,
-                    self.agent_id,
-                    kinds,
-                    cursor,
-                    cursor_extra=((self.agent_id + BASE_SUFFIX, cursor_base),),
-                )
-            return
-        for kind in kinds:
-            await self.emitter.emit(self.repo, self.agent_id, expand_kind(kind))
-        if cursor is not None and self.cursor_store is not None:
-            # No transaction to share: the cursor only once its events are stored (the base
-            # first: a delta is never stored without its base).
-            await self.emitter.flush()
-            if cursor_base is not None:
-                await self.cursor_store.save_cursor(self.agent_id + BASE_SUFFIX, cursor_base)
-            await self.cursor_store.save_cursor(self.agent_id, cursor)
+        if cursor is None:
+            await self.emitter.emit_many(self.repo, self.agent_id, kinds)
+        elif cursor_base is None:
+            await self.emitter.emit_many(self.repo, self.agent_id, kinds, cursor)
+        else:
+            await self.emitter.emit_many(
+                self.repo,
+                self.agent_id,
+                kinds,
+                cursor,
+                cursor_extra=((self.agent_id + BASE_SUFFIX, cursor_base),),
+            )

@@ -5,6 +5,7 @@ FleetManager's mixins (polling.py, supervision.py, operations.py, ending.py) rel
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,7 +24,7 @@ from prospero.core.ratecard import RateCard
 from prospero.core.relay.routing import OwnerRouting
 from prospero.core.store.base import AgentMetaStore, EventStore
 from prospero.core.wire.control import AgentRecord
-from prospero.types.events import EventKind, FleetEvent
+from prospero.types.events import CompactKind, EventKind, FleetEvent
 from prospero.types.model import (
     Agent,
     AgentMeta,
@@ -37,7 +38,26 @@ NOT_DRIVEN = "this control plane did not spawn it (adopt it to drive it)"
 
 
 class EmitterLike(Protocol):
+    """What the manager and its drivers' sinks need of the Emitter (`core/emitter.py`)."""
+
     async def emit(self, repo: str, agent_id: str, kind: EventKind) -> FleetEvent: ...
+
+    async def emit_many(
+        self,
+        repo: str,
+        agent_id: str,
+        kinds: Sequence[CompactKind],
+        cursor: bytes | None = None,
+        *,
+        cursor_extra: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
+        """Emit `kinds` on one stream, with the driver's resume `cursor` (and `cursor_extra`
+        rows) committed in the same transaction as them."""
+        ...
+
+    async def prepare(self, keys: Iterable[str]) -> None:
+        """Seed these new streams' seq counters now, concurrently."""
+        ...
 
     async def flush(self) -> None:
         """Wait until everything emitted so far is committed (or given up on)."""

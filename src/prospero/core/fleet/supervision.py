@@ -44,7 +44,7 @@ class DriverSupervision(FleetState):
 
         workspace = ws.name
         sink = AgentSink(
-            self.emitter, ws.name, agent_id, self.store, on_activity=lambda: self._touch(workspace)
+            self.emitter, ws.name, agent_id, on_activity=lambda: self._touch(workspace)
         )
 
         target = DriverTarget(
@@ -123,9 +123,9 @@ class DriverSupervision(FleetState):
     async def _record_lost_turn(self, agent_id: str, driver: AgentDriver, reason: str) -> None:
         """A driver that died with a turn in flight (ACP: `turn_in_flight`) cannot record the
         loss itself: put the explicit `turn_lost` on the agent's stream for it."""
-        turn = getattr(driver, "turn_in_flight", None)
+        turn = driver.turn_in_flight
         slot = self._slots.get(agent_id)
-        if not isinstance(turn, int) or slot is None:
+        if turn is None or slot is None:
             return
         with contextlib.suppress(Exception):
             await self.emitter.emit(slot.workspace, agent_id, TurnLost(turn=turn, reason=reason))
