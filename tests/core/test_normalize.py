@@ -32,7 +32,8 @@ from prospero.types.events import (
 )
 from tests.support import fixture_lines
 
-SONNET = RateCard().rates["claude-sonnet-4-6"]
+SONNET = RateCard().rate_for("claude-sonnet-4-6")
+assert SONNET is not None
 
 
 def _cost(inp: int, out: int) -> float:

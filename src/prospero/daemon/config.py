@@ -499,7 +499,8 @@ _RATE_FIELDS = {
 
 
 def load_rate_card(path: Path) -> RateCard:
-    """Model -> prices in USD per million tokens, layered over the built-in rates.
+    """Model -> prices in USD per million tokens, layered over the built-in rates (the local
+    table: it overrides the maintained price list, see `core.ratecard`).
 
     TOML (`[models."claude-sonnet-4-6"] input = 3.0  output = 15.0  cache_read = 0.3`) or JSON
     (`{"models": {"m": {"input": 3, "output": 15}}}`); the `models` level is optional.
@@ -534,7 +535,12 @@ def load_rate_card(path: Path) -> RateCard:
             fields[name] = float(v)
         if "input_per_mtok" not in fields or "output_per_mtok" not in fields:
             raise ConfigError(f"rate card {path}: model {model!r} needs input and output prices")
-        rates[str(model)] = Rate(**fields)
+        rates[str(model)] = Rate(
+            fields["input_per_mtok"],
+            fields["output_per_mtok"],
+            fields.get("cache_write_per_mtok"),
+            fields.get("cache_read_per_mtok"),
+        )
     return RateCard(rates=rates)
 
 
