@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from fastapi import Request
 
+from prospero.api import metrics_fleet
 from prospero.api.settings import ApiSettings
 from prospero.api.sse import StreamHub
 from prospero.core.bus import Bus
@@ -47,6 +48,7 @@ class ApiState:
         self.runtime = runtime
         self.settings = settings
         self.hub = StreamHub(settings, runtime.metrics)
+        metrics_fleet.install(runtime.metrics, runtime)  # the fleet's gauges, read at scrape
         self.background: set[asyncio.Task[Any]] = set()
 
     @property

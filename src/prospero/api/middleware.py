@@ -25,7 +25,8 @@ from prospero.core.metrics import Metrics
 
 access_log = logging.getLogger("prospero.api.access")
 
-API_REQUESTS = "api_requests"
+API_REQUESTS = "api_requests"  # by method and status code (0: no response started)
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 API_BODY_TOO_LARGE = "api_body_too_large"
 API_BODY_TIMEOUTS = "api_body_timeouts"
 
@@ -181,7 +182,9 @@ class AccessLogMiddleware:
         finally:
             status = recorder.status
             if self.metrics is not None:
-                self.metrics.inc(API_REQUESTS)
+                method = scope["method"]
+                labels = (method if method in _METHODS else "other", str(status or 0))
+                self.metrics.inc(API_REQUESTS, 1, labels)
             if self.enabled:
                 state = scope.get("state") or {}
                 client = scope.get("client")

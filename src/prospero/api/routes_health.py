@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import PlainTextResponse, Response
 
 from prospero.api import metrics_text
@@ -72,8 +72,9 @@ def _int_or_float(v: float) -> int | float:
     response_class=PlainTextResponse,
     summary="Process metrics in Prometheus text format",
 )
-async def metrics_prometheus(st: State) -> Response:
-    return Response(metrics_text.render(st.metrics), media_type=metrics_text.CONTENT_TYPE)
+async def metrics_prometheus(st: State, request: Request) -> Response:
+    body, content_type = metrics_text.render(st.metrics, request.headers.get("accept", ""))
+    return Response(body, headers={"Content-Type": content_type})
 
 
 @router.get("/api/capabilities", operation_id="getCapabilities", response_model=Capabilities)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -50,7 +51,7 @@ from starlette.types import Receive, Scope, Send
 from prospero.api.metrics_text import API_SSE_STREAMS
 from prospero.api.middleware import BODY_SEND
 from prospero.api.settings import ApiSettings
-from prospero.core.metrics import Metrics
+from prospero.core.metrics import SSE_DELIVERY_SECONDS, Histogram, Metrics
 from prospero.core.store.base import StoredEvent
 from prospero.core.subscription import IDLE, GapSignal, RawPage
 from prospero.types.events import FleetEvent
@@ -188,10 +189,13 @@ class StreamSession:
         hub: StreamHub,
         source: Any,
         frame: Callable[[Any], bytes | None],
+        delivery: Histogram | None = None,
     ) -> None:
         self.hub = hub
         self.source = source
         self.frame = frame
+        # Times each write of live events from its oldest event's publish on the bus.
+        self._delivery = delivery
         self.closed = False
         self._released = False
         # The follower's `interrupt()` (a plain async iterator has none: it gets heartbeats
@@ -234,6 +238,7 @@ class StreamSession:
         frame = self.frame
         loop = self._loop
         interval = self._interval
+        delivery = self._delivery
         try:
             async for item in self.source:
                 if self.closed:
@@ -245,7 +250,9 @@ class StreamSession:
                     b = HEARTBEAT_FRAME
                 self._beat_due = False
                 self._last_write = loop.time()
-                yield b
+                yield b  # (resumed once the server has taken the chunk for the socket)
+                if delivery is not None and type(item) is RawPage and item.published:
+                    delivery.observe(time.monotonic() - item.published)
                 if self.closed:
                     return
         except Exception:
@@ -272,6 +279,7 @@ class StreamHub:
         self.settings = settings
         self.metrics = metrics
         self._sessions: set[StreamSession] = set()
+        self._delivery: dict[str, Histogram] = {}
         self.closing = False
 
     @property
@@ -283,7 +291,13 @@ class StreamHub:
         source: Any,
         frame: Callable[[Any], bytes | None],
     ) -> StreamSession:
-        session = StreamSession(self, source, frame)
+        stream = "agent" if frame is agent_frame else "fleet"
+        delivery = self._delivery.get(stream)
+        if delivery is None:
+            delivery = self._delivery[stream] = self.metrics.histogram(
+                SSE_DELIVERY_SECONDS, (stream,)
+            )
+        session = StreamSession(self, source, frame, delivery)
         self._sessions.add(session)
         self.metrics.add_gauge(API_SSE_STREAMS, 1)
         if self.closing:

@@ -72,6 +72,7 @@ from prospero.core.emitter_queue import (
     expand_any,
 )
 from prospero.core.errors import StoreError
+from prospero.core.event_metrics import EventCounter, PublishClock
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import FencingOwnership
 from prospero.core.store.base import CursorMark, EventStore, PipelinedAppends
@@ -110,6 +111,10 @@ class Emitter(CommitPath):
         self.store = store
         self.bus = bus
         self.metrics = metrics if metrics is not None else Metrics()
+        # What is published is counted (by workspace and kind, usage by model) and timed from
+        # each emit call to its publish (`core.event_metrics`).
+        self._counter = EventCounter(self.metrics)
+        self._clock = PublishClock(self._counter)
         self.max_batch = max_batch
         self.max_pending = max(max_pending, 1)
         self.max_conflict_retries = max_conflict_retries
@@ -208,6 +213,7 @@ class Emitter(CommitPath):
             seq = self._next.get(key)
         self._next[key] = seq + 1
         ev = FleetEvent.trusted(seq, ts if ts is not None else now_ts(), repo, agent_id, kind)
+        self._clock.stamp(self._enqueued + 1, repo, 1)
         self._enqueue(ev)
         return ev
 
@@ -291,6 +297,7 @@ class Emitter(CommitPath):
                 self._pending.append(EventRun(e0.repo, e0.agent_id, e0.ts, seq, kinds_))
         self._next[key] = seq + n
         self._enqueued += n
+        self._clock.stamp(self._enqueued, repo, n)
         if cursor is not None:
             self._queue_cursor(agent_id, cursor, cursor_extra)
         self._wakeup.set()

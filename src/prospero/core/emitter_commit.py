@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future as ConcurrentFuture
@@ -25,7 +26,8 @@ from prospero.core.emitter_queue import (
     take,
 )
 from prospero.core.errors import FenceLost, SeqConflict, StoreError
-from prospero.core.metrics import APPEND_FAILURES, EVENTS_APPENDED, EVENTS_FENCED, Metrics
+from prospero.core.event_metrics import EventCounter, PublishClock
+from prospero.core.metrics import APPEND_FAILURES, EVENTS_FENCED, Metrics
 from prospero.core.ownership import FencingOwnership, lease_key_for
 from prospero.core.store.base import CursorMark, EventStore
 from prospero.types.events import EventRun, FleetEvent, StorePersistFailed, now_ts
@@ -50,6 +52,8 @@ class CommitPath:
     store: EventStore
     bus: Bus
     metrics: Metrics
+    _counter: EventCounter
+    _clock: PublishClock
     max_batch: int
     max_pending: int
     max_conflict_retries: int
@@ -283,8 +287,9 @@ class CommitPath:
             self._advance(inf.units)
 
     def _publish(self, inf: InFlight, ordinals: list[int]) -> None:
-        self.metrics.inc(EVENTS_APPENDED, inf.size)
+        self._counter.count(inf.entries)
         publish = self.bus.publish
+        now = time.monotonic()  # the publish time of the batch (SSE delivery is timed from it)
         # A bus that can tell nobody would get a stream's events (no watcher: the usual case
         # while ingesting) spares building them: the models are only ever built to publish.
         wants = self.bus.wants
@@ -297,14 +302,15 @@ class CommitPath:
                 # One model at a time: a materialised run would hold thousands of live objects
                 # (each batch would then push its events through the GC generations).
                 for ev in e.iter_events():
-                    publish(BusItem(ordinals[i], ev))
+                    publish(BusItem(ordinals[i], ev, now))
                     i += 1
             elif type(e) is not CursorMark:
-                publish(BusItem(ordinals[i], e))  # type: ignore[arg-type]
+                publish(BusItem(ordinals[i], e, now))  # type: ignore[arg-type]
                 i += 1
 
     def _advance(self, n: int) -> None:
         self._done += n
+        self._clock.done(self._done)
         if self._enqueued - self._done < self.max_pending:
             self._room.set()
         while self._flush_waiters and self._flush_waiters[0][0] <= self._done:
@@ -353,10 +359,11 @@ class CommitPath:
             except Exception as e:
                 self._persist_failed(batch, str(e) or type(e).__name__)
                 return
-            self.metrics.inc(EVENTS_APPENDED, len(batch))
+            self._counter.count(batch)
             publish = self.bus.publish
+            now = time.monotonic()
             for ordinal, ev in zip(ordinals, batch, strict=True):
-                publish(BusItem(ordinal, ev))
+                publish(BusItem(ordinal, ev, now))
             return
 
     async def _commit_fenced(
@@ -416,10 +423,11 @@ class CommitPath:
                 return
             if self._fence_warned:
                 self._fence_warned.difference_update(f.key for f in fences)
-            self.metrics.inc(EVENTS_APPENDED, len(batch))
+            self._counter.count(batch)
             publish = self.bus.publish
+            now = time.monotonic()
             for ordinal, ev in zip(ordinals, batch, strict=True):
-                publish(BusItem(ordinal, ev))
+                publish(BusItem(ordinal, ev, now))
             return
 
     def _drop_fenced(
@@ -533,8 +541,9 @@ class CommitPath:
         log.error("emitter: %d events (and their cursors) not persisted: %s", len(batch), detail)
         lost: dict[str, tuple[FleetEvent, int, int]] = {}
         publish = self.bus.publish
+        now = time.monotonic()
         for ev in batch:
-            publish(BusItem(None, encodable(ev)))
+            publish(BusItem(None, encodable(ev), now))
             if ev.kind.kind == "store_persist_failed":
                 continue  # no marker for a lost marker: no cascade while the store is down
             key = ev.stream_key

@@ -57,9 +57,12 @@ class GapSignal:
 @dataclass(frozen=True, slots=True)
 class RawPage:
     """Events as JSON bytes, ascending by cursor (seq on a stream, ordinal on the fleet feed);
-    never empty."""
+    never empty. `published`: for a page of live events, when the oldest of them was
+    published on the bus (`BusItem.published`; 0.0 for history), so a consumer can time its
+    delivery."""
 
     events: list[RawEvent]
+    published: float = 0.0
 
 
 class Idle:
@@ -209,10 +212,11 @@ def follow_stream(
                     yield IDLE
                     continue
                 live: list[RawEvent] = []
+                first = 0.0  # when the oldest event of `live` was published
                 for item in items:
                     if isinstance(item, Lagged):
                         if live:
-                            yield RawPage(live)
+                            yield RawPage(live, first)
                             live = []
                         yield GapSignal(skipped=item.skipped, last_seq=last)
                         async for pg in history(None):
@@ -227,7 +231,7 @@ def follow_stream(
                     if seq > last + 1:
                         # Missed a stretch (e.g. written by another process): read it back.
                         if live:
-                            yield RawPage(live)
+                            yield RawPage(live, first)
                             live = []
                         async for pg in history(seq):
                             yield pg
@@ -235,12 +239,14 @@ def follow_stream(
                             return
                     last = seq
                     tag = ev.kind.kind
+                    if not live:
+                        first = item.published
                     live.append(RawEvent(seq, seq, tag, item.json))
                     if close_on_finish and tag in TERMINAL_EVENT_KINDS:
-                        yield RawPage(live)
+                        yield RawPage(live, first)
                         return
                 if live:
-                    yield RawPage(live)
+                    yield RawPage(live, first)
         finally:
             sub.close()
 
@@ -272,10 +278,11 @@ def follow_fleet(
                     yield IDLE
                     continue
                 live: list[RawEvent] = []
+                first = 0.0  # when the oldest event of `live` was published
                 for item in items:
                     if isinstance(item, Lagged):
                         if live:
-                            yield RawPage(live)
+                            yield RawPage(live, first)
                             live = []
                         async for pg in _fleet_pages(store, last, None, size):
                             last = pg.events[-1].cursor
@@ -288,16 +295,18 @@ def follow_fleet(
                         # Ordinals are contiguous in commit order: anything between was
                         # committed (by another writer, or is about to be published): read it.
                         if live:
-                            yield RawPage(live)
+                            yield RawPage(live, first)
                             live = []
                         async for pg in _fleet_pages(store, last, ordinal, size):
                             last = pg.events[-1].cursor
                             yield pg
                     last = ordinal
                     ev = item.event
+                    if not live:
+                        first = item.published
                     live.append(RawEvent(ordinal, ev.seq, ev.kind.kind, item.json))
                 if live:
-                    yield RawPage(live)
+                    yield RawPage(live, first)
         finally:
             sub.close()
 

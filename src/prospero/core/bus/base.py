@@ -45,6 +45,8 @@ def event_json(ev: FleetEvent) -> bytes:
 class BusItem:
     ordinal: int | None
     event: FleetEvent
+    # `time.monotonic()` when it was published (0.0: not stamped): SSE delivery is timed from it.
+    published: float = field(default=0.0, compare=False, repr=False)
     _json: bytes | None = field(default=None, compare=False, repr=False)
 
     @property

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import asyncpg
@@ -208,8 +209,9 @@ class PgBus:
             if not page:
                 return  # announced but not visible yet (cannot happen after commit): next wake
             publish = self.local.publish
+            now = time.monotonic()
             for stored in page:
-                publish(BusItem(stored.ordinal, stored.event))
+                publish(BusItem(stored.ordinal, stored.event, now))
             self.cursor = page[-1].ordinal
             self._rung = max(self._rung, self.cursor)
             if len(page) == self.page:

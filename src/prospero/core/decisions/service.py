@@ -371,7 +371,7 @@ class DecisionService:
                 raise
         d = live.decision
         self.metrics.inc(DECISIONS_ASKED)
-        self.metrics.add_gauge(DECISIONS_PENDING, 1)
+        self.metrics.add_gauge(DECISIONS_PENDING, 1, (d.workspace,))
         try:
             await self._flush(request)
             await self._emit(d, pending_event(d))
@@ -395,7 +395,7 @@ class DecisionService:
             live.announced.set()
             if self._live.get(d.id) is live:
                 del self._live[d.id]
-            self.metrics.add_gauge(DECISIONS_PENDING, -1)
+            self.metrics.add_gauge(DECISIONS_PENDING, -1, (d.workspace,))
         return outcome_of(final)
 
     async def _expire(self, d: Decision) -> None:
