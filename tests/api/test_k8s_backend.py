@@ -245,29 +245,3 @@ async def test_prosperod_drives_a_k8s_fleet_through_the_api(
     await wait_until(unlisted, 5, interval=0.05, what="the removed agent unlisted")
     # nothing else is left in the namespace but the killed agent's absence
     assert cluster.kube.store.items(TASKS, NS) == []
-
-
-def test_the_posture_spawner_must_be_the_provider_itself(tmp_path: Path) -> None:
-    """The posture capability is handed over explicitly, as the provider itself: a second
-    object would spawn agents the provider never lists."""
-    from prospero.core.fleet.k8s import K8sFleet
-    from prospero.core.fleet.local import LocalFleet
-    from prospero.core.fleet.manager import FleetManager
-    from prospero.core.metrics import Metrics
-
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
-        "current-context: x\n"
-    )
-    k8s = K8sFleet("default", kubeconfig)
-    unused: Any = None
-    manager = FleetManager(
-        k8s, unused, unused, unused, Metrics(), posture_spawner=k8s, agents=unused
-    )
-    assert manager.posture_spawner is k8s and manager.provider is k8s
-    with pytest.raises(ValueError, match="the provider itself"):
-        FleetManager(
-            LocalFleet(), unused, unused, unused, Metrics(), posture_spawner=k8s, agents=unused
-        )

@@ -17,7 +17,7 @@ from prospero.core.drivers.base import DriverOptions, DriverTarget, EventSink
 from prospero.core.metrics import Metrics
 from prospero.core.permissions import PermissionOutcome, PermissionRequest, first_reject
 from prospero.core.transport import NetworkSecurity
-from prospero.core.wire.control import Endpoint, SpawnSpec
+from prospero.core.wire.control import Endpoint
 from prospero.testkit import acp_scripts as S
 from prospero.testkit.certs import CertBundle
 from prospero.testkit.fake_acp import FakeAcpAgent
@@ -165,16 +165,6 @@ class Rig:
         model: str | None = None,
         posture: str | None = None,
     ) -> DriverTarget:
-        spec = (
-            SpawnSpec(
-                initial_prompt=prompt,
-                interactive=interactive,
-                drive_protocol="acp",
-                model=model,
-            )
-            if prompt is not None
-            else None
-        )
         agent_id = agent_id or new_agent_id()
         meta = AgentMeta(
             agent_id=agent_id,
@@ -190,7 +180,8 @@ class Rig:
             resolve_endpoint=peer.resolve,
             security=security if security is not None else peer.security,
             interactive=interactive,
-            spec=spec,
+            prompt=prompt,
+            model=model,
             working_dir=self.dir,
             meta=meta,
         )

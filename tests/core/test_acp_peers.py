@@ -78,7 +78,7 @@ class PeerRig:
             resolve_endpoint=resolve,
             security=self.sec,
             interactive=interactive,
-            spec=spec,
+            prompt=prompt,
             working_dir="/tmp",
         )
         driver = AcpDriver(target, rec, OPTS, self.metrics, broker=broker)

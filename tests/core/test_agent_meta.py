@@ -1,4 +1,4 @@
-"""AgentMeta: the SQLite store (shared `events.db`) and how it overlays caliband's record."""
+"""AgentMeta: the SQLite store (shared `events.db`) and how it overlays the provider's record."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from prospero.core.fleet.meta import agent_view, drivable, drive_protocol, effective_status
+from prospero.core.fleet.records import AgentSpec, ListedAgent
 from prospero.core.store.base import AgentMetaStore
 from prospero.core.store.sqlite.agents import MemoryAgentMetaStore, SqliteAgentMetaStore
 from prospero.core.store.sqlite.events import SqliteEventStore
-from prospero.core.wire.control import AgentRecord, SpawnSpec, UnixEndpoint
+from prospero.core.transport import UnixAddress
 from prospero.types.model import AgentMeta, AgentStatus
 from tests.support import short_tmpdir
 
@@ -20,15 +21,15 @@ def meta(agent_id: str = "a1", **kw: object) -> AgentMeta:
     return AgentMeta.model_validate({"agent_id": agent_id, "workspace": "ws", **kw})
 
 
-def record(status: AgentStatus = AgentStatus.running, protocol: str = "ndjson") -> AgentRecord:
-    return AgentRecord(
+def record(status: AgentStatus = AgentStatus.running, protocol: str = "ndjson") -> ListedAgent:
+    return ListedAgent(
         id="a1",
         name="agent-a1",
         status=status,
         started_at="2026-12-01T00:00:00+00:00",
         session_dir="/s",
-        endpoint=UnixEndpoint(path="/x.sock"),
-        spec=SpawnSpec(initial_prompt="hi", drive_protocol=protocol),  # type: ignore[arg-type]
+        address=UnixAddress("/x.sock"),
+        spec=AgentSpec(prompt="hi", drive_protocol=protocol),  # type: ignore[arg-type]
     )
 
 

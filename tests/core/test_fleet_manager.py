@@ -317,7 +317,7 @@ async def test_posture_and_protocol_live_in_prosperos_store_not_in_the_echo(
     assert "permission_posture" not in fleet_env.fake.received_spec_keys[-1]
     listed = await local_fleet().list_agents(fleet_env.workspace)
     (rec,) = [r for r in listed if r.id == resp.agent_id]
-    assert "permission_posture" not in rec.spec.to_wire()
+    assert rec.spec.posture is None  # caliband's echo carries none
     agent = first.manager.get_agent(resp.agent_id)
     assert (agent.posture, agent.spawned_here) == ("supervised", True)
     assert agent.drive_protocol == "ndjson"

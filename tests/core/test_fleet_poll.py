@@ -11,10 +11,11 @@ import time
 from typing import Any
 
 from prospero.core.fleet.manager import FleetConfig, FleetManager
+from prospero.core.fleet.records import AgentSpec, ListedAgent
 from prospero.core.fleet.state import AgentSlot
 from prospero.core.metrics import Metrics
 from prospero.core.store.sqlite.agents import MemoryAgentMetaStore
-from prospero.core.wire.control import AgentRecord, SpawnSpec, UnixEndpoint
+from prospero.core.transport import UnixAddress
 from prospero.types.model import AgentMeta, AgentStatus, RegisteredWorkspace
 from tests.support import wait_until
 
@@ -43,7 +44,7 @@ class EmptyProvider:
     def __init__(self) -> None:
         self.listed: list[str] = []
 
-    async def list_agents(self, ws: RegisteredWorkspace) -> list[AgentRecord]:
+    async def list_agents(self, ws: RegisteredWorkspace) -> list[ListedAgent]:
         self.listed.append(ws.name)
         return []
 
@@ -113,15 +114,15 @@ async def test_a_workspace_registered_elsewhere_is_picked_up_while_others_back_o
         await manager.stop()
 
 
-def _record(status: AgentStatus = AgentStatus.running) -> AgentRecord:
-    return AgentRecord(
+def _record(status: AgentStatus = AgentStatus.running) -> ListedAgent:
+    return ListedAgent(
         id="a1",
         name="agent-a1",
         status=status,
         started_at="2026-12-01T00:00:00+00:00",
         session_dir="/s",
-        endpoint=UnixEndpoint(path="/x.sock"),
-        spec=SpawnSpec(initial_prompt="hi"),
+        address=UnixAddress("/x.sock"),
+        spec=AgentSpec(prompt="hi"),
     )
 
 
@@ -135,7 +136,7 @@ async def test_an_unchanged_running_agent_is_steady_and_anything_else_is_applied
     steady = FleetManager._steady
     assert steady(slot, rec, rec)
     assert not steady(slot, rec, None)  # new in this listing
-    assert not steady(slot, _record(), rec)  # decoded again: caliband's listing changed
+    assert not steady(slot, _record(), rec)  # listed afresh: the provider's listing changed
     slot.meta = AgentMeta.model_validate(
         {"agent_id": "a1", "workspace": "w", "outcome": "completed"}
     )

@@ -22,15 +22,18 @@ from lightkube import ApiError, ConfigError
 from prospero.core.errors import (
     AgentNotFound,
     Conflict,
+    FleetUnreachable,
     InvalidConfig,
     InvalidState,
     NotFound,
     ProtocolError,
-    TransportError,
 )
-from prospero.core.fleet.k8s import K8sFleet, _translate, spec_from_task
+from prospero.core.fleet.k8s import K8sFleet
+from prospero.core.fleet.k8s_records import agent_spec_from_task, pod_spawn_spec
+from prospero.core.fleet.k8s_tasks import translate_kube_error
 from prospero.core.fleet.provider import FleetProvider
-from prospero.core.transport import close_writer, open_endpoint, read_line
+from prospero.core.fleet.records import AgentSpec
+from prospero.core.transport import TcpAddress, close_writer, open_endpoint, read_line
 from prospero.core.wire.control import SpawnSpec, TcpEndpoint
 from prospero.core.wire.k8s import CalibanTask, Workspace, decode_items, phase_to_status, task_name
 from prospero.testkit import scripts
@@ -65,13 +68,16 @@ class K8sHarness:
             kill_keeps_record=False,
             respawn_new_id=False,
             rm_refuses_active=False,
+            identical_spawn_creates=False,
+            keeps_posture=True,
+            lists_address=False,
         )
     )
 
-    def received_specs(self) -> list[SpawnSpec]:
+    def received_specs(self) -> list[AgentSpec]:
         """What reached the backend: the spec each CR in the API server stands for."""
         tasks, _ = decode_items(CalibanTask, self.kube.store.items(TASKS, NS))
-        return [spec_from_task(t) for t in tasks]
+        return [agent_spec_from_task(t) for t in tasks]
 
     async def make_unreachable(self) -> None:
         await self.kube.stop()
@@ -80,10 +86,8 @@ class K8sHarness:
         assert self.kube.operator is not None
         assert self.kube.operator.finish(NS, agent_id, "Completed") is not None
 
-    def long_running_spec(self, **overrides: object) -> SpawnSpec:
-        data: dict[str, object] = {"initial_prompt": "long task", "isolation_worktree": False}
-        data.update(overrides)
-        return SpawnSpec.model_validate(data)
+    def long_running_spec(self, **overrides: object) -> AgentSpec:
+        return AgentSpec(**{"prompt": "long task", "worktree": False, **overrides})  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -207,7 +211,7 @@ def test_a_cr_round_trips_camel_case_and_tolerates_unknown_keys() -> None:
     assert task.permission_posture == "autonomous"  # the operator-admitted one wins
     assert task.status is not None and task.status.resolved_workspace is not None
     assert task.status.resolved_workspace.sources[0].ref == "main"
-    spec = spec_from_task(task)
+    spec = pod_spawn_spec(task)  # what the pod's caliband is asked to run
     assert (spec.label, spec.provider, spec.model, spec.tool_allowlist) == (
         "ct-1",
         "anthropic",
@@ -215,6 +219,15 @@ def test_a_cr_round_trips_camel_case_and_tolerates_unknown_keys() -> None:
         ["Edit"],
     )
     assert spec.interactive and spec.drive_protocol == "acp" and not spec.isolation_worktree
+    listed = agent_spec_from_task(task)  # what the seam lists the agent as spawned with
+    assert (listed.label, listed.provider, listed.model, listed.tool_allowlist) == (
+        "ct-1",
+        "anthropic",
+        "m1",
+        ("Edit",),
+    )
+    assert listed.interactive and listed.drive_protocol == "acp" and not listed.worktree
+    assert listed.posture == "supervised"  # as requested (the manager reads its AgentMeta)
     body = task.apply_body()
     assert "status" not in body and body["metadata"] == {"name": "ct-1", "namespace": "default"}
     assert body["spec"]["workspaceRef"] == {"name": "app"}
@@ -236,8 +249,10 @@ def cr(h: K8sHarness, name: str) -> dict[str, Any]:
 
 async def test_spawn_applies_the_cr_and_is_idempotent(harness: K8sHarness) -> None:
     h = harness
-    spec = h.long_running_spec(label="a", tool_allowlist=["Edit"], drive_protocol="acp")
-    first = await h.provider.spawn(h.workspace, spec, posture="supervised")
+    spec = h.long_running_spec(
+        label="a", tool_allowlist=("Edit",), drive_protocol="acp", posture="supervised"
+    )
+    first = await h.provider.spawn(h.workspace, spec)
     assert first.id == task_name("app", "long task", "a") and first.created
     obj = cr(h, first.id)
     assert obj["spec"] == {
@@ -247,7 +262,7 @@ async def test_spawn_applies_the_cr_and_is_idempotent(harness: K8sHarness) -> No
     }  # interactive omitted when false, providerRef/isolation/agentType never written
     managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
     assert ("prospero", "Apply") in managers
-    again = await h.provider.spawn(h.workspace, spec, posture="supervised")
+    again = await h.provider.spawn(h.workspace, spec)
     assert again.id == first.id and not again.created
     assert len(h.kube.store.items(TASKS, NS)) == 1
     rec = {r.id: r for r in await h.provider.list_agents(h.workspace)}[first.id]
@@ -302,7 +317,7 @@ async def test_attach_spawns_the_pod_agent_once_and_overlays_its_status(
     harness: K8sHarness,
 ) -> None:
     h = harness
-    reply = await h.provider.spawn(h.workspace, h.long_running_spec(tool_allowlist=["Read"]))
+    reply = await h.provider.spawn(h.workspace, h.long_running_spec(tool_allowlist=("Read",)))
     with contextlib.suppress(InvalidState):  # may still be provisioning: refused, typed
         await h.provider.attach(h.workspace, reply.id)
 
@@ -313,7 +328,7 @@ async def test_attach_spawns_the_pod_agent_once_and_overlays_its_status(
     await wait_until(running, 10, what="CR Running")
     first = await h.provider.attach(h.workspace, reply.id)
     again = await h.provider.attach(h.workspace, reply.id)
-    assert first == again and isinstance(first, TcpEndpoint)
+    assert first == again and isinstance(first, TcpAddress)
     # the session plane: the per-agent stream, dialled with the provider's TLS + token
     reader, writer = await open_endpoint(first, h.provider.security(h.workspace))
     try:
@@ -374,7 +389,7 @@ async def test_kube_errors_are_translated(harness: K8sHarness, tmp_path: Path) -
         h.provider.spawn(h.workspace, h.long_running_spec()),
         h.provider.attach(h.workspace, "ct-x"),
     ):
-        with pytest.raises(TransportError, match="Kubernetes API unreachable") as info:
+        with pytest.raises(FleetUnreachable, match="Kubernetes API unreachable") as info:
             await op
         assert info.value.__cause__ is not None
 
@@ -433,13 +448,13 @@ async def test_the_pod_is_dialled_with_tls_and_the_token(
         caliband_token_file=bad,
     )
     try:
-        with pytest.raises(TransportError):
+        with pytest.raises(FleetUnreachable):  # the pod's caliband drops it unanswered
             await wrong.attach(h.workspace, reply.id)
     finally:
         await wrong.close()
     assert h.pods[reply.id].auth_failures >= 1
     assert h.pods[reply.id].received_specs == []
-    assert isinstance(await h.provider.attach(h.workspace, reply.id), TcpEndpoint)
+    assert isinstance(await h.provider.attach(h.workspace, reply.id), TcpAddress)
 
 
 def _api_error(code: int, message: str = "boom") -> ApiError:
@@ -461,10 +476,10 @@ def _api_error(code: int, message: str = "boom") -> ApiError:
         (_api_error(404), None, NotFound),
         (_api_error(409), None, Conflict),
         (_api_error(410), None, Conflict),
-        (_api_error(403), None, TransportError),
+        (_api_error(403), None, FleetUnreachable),
         (_api_error(422), None, ProtocolError),
-        (_api_error(503), None, TransportError),
-        (httpx2.ConnectError("refused"), None, TransportError),
+        (_api_error(503), None, FleetUnreachable),
+        (httpx2.ConnectError("refused"), None, FleetUnreachable),
         (ConfigError("no context"), None, InvalidConfig),
     ],
 )
@@ -472,7 +487,7 @@ def test_kubernetes_errors_become_prospero_errors(
     error: Exception, name: str | None, expected: type[Exception]
 ) -> None:
     with pytest.raises(expected) as info:
-        _translate(error, "apply CalibanTask ct-1", name)
+        translate_kube_error(error, "apply CalibanTask ct-1", name)
     assert type(info.value).__module__ == "prospero.core.errors"
     assert info.value.__cause__ is error
     if isinstance(error, ApiError) and name is None:
@@ -486,7 +501,7 @@ async def test_an_acp_task_reaches_the_pod_and_kubectl_shows_it(
     `driveProtocol: acp`, and the pod's caliband is asked for an ACP agent."""
     h = harness
     reply = await h.provider.spawn(
-        h.workspace, h.long_running_spec(drive_protocol="acp"), posture="supervised"
+        h.workspace, h.long_running_spec(drive_protocol="acp", posture="supervised")
     )
     kubectl = shutil.which("kubectl")
     assert kubectl is not None, (
@@ -612,7 +627,7 @@ async def test_other_clients_changes_reach_the_listing_without_another_list(
     assert cache.resource_version == str(w.kube.store.rv)
     # the provider's own writes are read back at once, still without a LIST
     reply = await w.provider.spawn(
-        w.workspace, SpawnSpec(initial_prompt="mine", isolation_worktree=False)
+        w.workspace, AgentSpec(prompt="mine")
     )
     assert reply.created and reply.id in await w.listed()
     await w.provider.kill(w.workspace, reply.id)
@@ -694,7 +709,7 @@ async def test_an_unreachable_api_server_fails_the_listing_and_close_leaves_no_t
     assert task is not None and not task.done()
     await w.kube.stop()  # its watch streams end; the re-watch is refused, and backs off
     await wait_until(lambda: cache.error is not None, 5)
-    with pytest.raises(TransportError, match="Kubernetes API unreachable") as info:
+    with pytest.raises(FleetUnreachable, match="Kubernetes API unreachable") as info:
         await w.provider.list_agents(w.workspace)
     assert info.value.__cause__ is not None
     await w.provider.close()
@@ -723,10 +738,10 @@ async def test_of_concurrent_identical_spawns_exactly_one_creates_the_cr(
     Prospero owns as its applier."""
     h = harness
     other = K8sFleet(NS, h.kube.write_kubeconfig(tmp_path / "other"))
-    spec = h.long_running_spec(label="same")
+    spec = h.long_running_spec(label="same", posture="supervised")
     try:
         replies = await asyncio.gather(
-            *(p.spawn(h.workspace, spec, posture="supervised") for p in [h.provider, other] * 4)
+            *(p.spawn(h.workspace, spec) for p in [h.provider, other] * 4)
         )
     finally:
         await other.close()
@@ -736,7 +751,7 @@ async def test_of_concurrent_identical_spawns_exactly_one_creates_the_cr(
     assert obj["spec"]["task"]["permissionPosture"] == "supervised"
     managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
     assert ("prospero", "Apply") in managers
-    again = await h.provider.spawn(h.workspace, spec, posture="supervised")  # one more, alone
+    again = await h.provider.spawn(h.workspace, spec)  # one more, alone
     assert again.id == replies[0].id and not again.created
 
 

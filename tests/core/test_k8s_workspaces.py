@@ -14,7 +14,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from prospero.core.errors import Conflict, InvalidConfig, TransportError, WorkspaceNotFound
+from prospero.core.errors import Conflict, FleetUnreachable, InvalidConfig, WorkspaceNotFound
 from prospero.core.fleet.k8s import K8sFleet
 from prospero.core.fleet.k8s_workspaces import K8sWorkspaces
 from prospero.core.fleet.provider import WorkspaceAdmin
@@ -274,11 +274,11 @@ async def test_delete_is_idempotent(plane: Plane) -> None:
     assert await plane.admin.views() == []
 
 
-async def test_an_unreachable_api_server_is_a_transport_error(plane: Plane) -> None:
+async def test_an_unreachable_api_server_is_fleet_unreachable(plane: Plane) -> None:
     await plane.kube.stop()
-    with pytest.raises(TransportError):
+    with pytest.raises(FleetUnreachable):
         await plane.admin.views()
-    with pytest.raises(TransportError):
+    with pytest.raises(FleetUnreachable):
         await plane.admin.apply("app", config(), create=True)
     plane.kube.app.requests.clear()
 

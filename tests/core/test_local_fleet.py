@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
 
-from prospero.core.fleet.local import LocalFleet
-from prospero.core.wire.control import SpawnSpec
+from prospero.core.errors import FleetUnreachable
+from prospero.core.fleet.local import LocalFleet, agent_spec_from_wire, wire_spec
+from prospero.core.fleet.records import AgentSpec
+from prospero.core.wire.control import CALIBAND_SPEC_FIELDS
 from prospero.types.model import RegisteredWorkspace
 from tests.conformance.fleet_provider import FleetExpectations, FleetProviderConformance
 from tests.core.fleet_fixtures import FleetEnv, fleet_env, local_fleet
@@ -23,8 +26,8 @@ class LocalHarness:
     workspace: RegisteredWorkspace
     expect: FleetExpectations = field(default_factory=FleetExpectations)
 
-    def received_specs(self) -> list[SpawnSpec]:
-        return list(self.env.fake.received_specs)
+    def received_specs(self) -> list[AgentSpec]:
+        return [agent_spec_from_wire(s) for s in self.env.fake.received_specs]
 
     async def make_unreachable(self) -> None:
         await self.env.fake.stop()
@@ -32,10 +35,8 @@ class LocalHarness:
     async def end(self, agent_id: str) -> None:
         await self.provider.kill(self.workspace, agent_id)
 
-    def long_running_spec(self, **overrides: object) -> SpawnSpec:
-        data: dict[str, object] = {"initial_prompt": "long task", "isolation_worktree": False}
-        data.update(overrides)
-        return SpawnSpec.model_validate(data)
+    def long_running_spec(self, **overrides: object) -> AgentSpec:
+        return AgentSpec(**{"prompt": "long task", "worktree": False, **overrides})  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ class TestLocalFleet(FleetProviderConformance):
 
 async def test_isolated_spawn_creates_a_real_worktree(harness: LocalHarness) -> None:
     reply = await harness.provider.spawn(
-        harness.workspace, harness.long_running_spec(isolation_worktree=True)
+        harness.workspace, harness.long_running_spec(worktree=True)
     )
     rec = {r.id: r for r in await harness.provider.list_agents(harness.workspace)}[reply.id]
     assert "/.caliban/worktrees/" in rec.working_dir
@@ -59,11 +60,31 @@ async def test_isolated_spawn_creates_a_real_worktree(harness: LocalHarness) -> 
 
 
 async def test_autostart_off_reports_clear_error(harness: LocalHarness) -> None:
-    from prospero.core.errors import CalibandUnreachable
-
     other = RegisteredWorkspace(name="ghost", root="/nonexistent/ghost-root")
-    with pytest.raises(CalibandUnreachable, match="autostart is off"):
+    with pytest.raises(FleetUnreachable, match="autostart is off"):
         await harness.provider.list_agents(other)
+
+
+def test_caliband_is_sent_its_own_fields_only() -> None:
+    """The posture is Prospero's (AgentMeta) and K8sFleet's (the CR): caliband has no such
+    field, so LocalFleet never sends it; the rest crosses both ways unchanged."""
+    spec = AgentSpec(
+        prompt="p",
+        label="l",
+        frontmatter_path="/defs/agent.md",
+        model="m",
+        provider="anthropic",
+        tool_allowlist=("Read",),
+        worktree=True,
+        interactive=True,
+        source="app",
+        drive_protocol="acp",
+        posture="autonomous",
+    )
+    sent = wire_spec(spec)
+    assert set(sent.to_wire()) <= CALIBAND_SPEC_FIELDS
+    assert "posture" not in sent.to_wire()
+    assert agent_spec_from_wire(sent) == dataclasses.replace(spec, posture=None)
 
 
 async def test_an_unchanged_listing_is_not_decoded_again(harness: LocalHarness) -> None:

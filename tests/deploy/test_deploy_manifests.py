@@ -20,7 +20,7 @@ import yaml
 
 from prospero.core.fleet.k8s import K8sFleet
 from prospero.core.fleet.k8s_workspaces import K8sWorkspaces
-from prospero.core.wire.control import SpawnSpec
+from prospero.core.fleet.records import AgentSpec
 from prospero.daemon.config import load_config
 from prospero.testkit.certs import make_certs
 from prospero.testkit.fake_kube import FakeKube
@@ -272,7 +272,7 @@ async def test_prospero_calls_exactly_what_the_role_grants(tmp_path: Path) -> No
     async with FakeKube(operator=True) as fake:
         fleet = K8sFleet("default", fake.write_kubeconfig(tmp_path), poll_interval=0.02, restart_timeout=5)
         try:
-            spec = SpawnSpec.model_validate({"initial_prompt": "long task", "isolation_worktree": False})
+            spec = AgentSpec(prompt="long task")
             spawned = await fleet.spawn(ws, spec)
             await wait_until(
                 lambda: _listed(fleet, ws, spawned.id), 5.0, interval=0.02, what="the CR listed"
@@ -281,7 +281,7 @@ async def test_prospero_calls_exactly_what_the_role_grants(tmp_path: Path) -> No
             await fleet.get_task(ws, spawned.id)
             await fleet.respawn(ws, spawned.id)
             await fleet.kill(ws, spawned.id)
-            other = await fleet.spawn(ws, SpawnSpec.model_validate({"initial_prompt": "other"}))
+            other = await fleet.spawn(ws, AgentSpec(prompt="other"))
             await fleet.remove(ws, other.id, force=True)
             workspaces = K8sWorkspaces.for_fleet(fleet)
             await workspaces.apply("app", WORKSPACE, create=True)

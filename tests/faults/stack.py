@@ -16,7 +16,6 @@ from prospero.core.drivers.base import AgentDriver, DriverOptions, DriverTarget,
 from prospero.core.fleet.manager import FleetConfig, default_driver_factories
 from prospero.core.metrics import Metrics
 from prospero.core.sources import canonical_root
-from prospero.core.wire.control import SpawnSpec
 from prospero.testkit import scripts
 from prospero.testkit.fake_agent import FakeAgentWorker
 from prospero.testkit.fake_caliband import FakeCaliband
@@ -61,8 +60,8 @@ class FaultStack(ManagedStores):
 
     # --- what the fake caliband plays, per spawn -----------------------------------------------
 
-    def _case(self, spec: SpawnSpec) -> Case:
-        return self.cases[spec.initial_prompt.split(maxsplit=1)[0]]
+    def _case(self, prompt: str) -> Case:
+        return self.cases[prompt.split(maxsplit=1)[0]]
 
     def _factory(
         self,
@@ -74,7 +73,7 @@ class FaultStack(ManagedStores):
     ) -> AgentDriver:
         from prospero.core.drivers.ndjson import NdjsonDriver
 
-        case = self._case(target.spec) if target.spec is not None else None
+        case = self._case(target.prompt) if target.prompt else None
         if target.agent_id in self.remote_ids or (case is not None and case.remote):
             target = _RemoteTarget(
                 **{f.name: getattr(target, f.name) for f in dataclasses.fields(target)}
@@ -92,8 +91,8 @@ class FaultStack(ManagedStores):
         self.fake = await FakeCaliband.start_unix(
             sock,
             root=self.root,
-            script_for=lambda spec: self._case(spec).script,
-            fault_plan_for=lambda spec: self._case(spec).plan,
+            script_for=lambda spec: self._case(spec.initial_prompt).script,
+            fault_plan_for=lambda spec: self._case(spec.initial_prompt).plan,
             start_paused=True,
         )
         self.db = self.work / "events.db"

@@ -26,7 +26,7 @@ from prospero.core.emitter import Emitter
 from prospero.core.errors import StoreError
 from prospero.core.fleet.local import CalibandNetworkConfig, LocalFleet, LocalFleetConfig
 from prospero.core.fleet.manager import FleetConfig, FleetManager
-from prospero.core.fleet.provider import FleetProvider, PostureSpawner, WorkspaceAdmin
+from prospero.core.fleet.provider import FleetProvider, WorkspaceAdmin
 from prospero.core.fleet.state import DriverFactory
 from prospero.core.leases import LeaseKeeper
 from prospero.core.metrics import Metrics
@@ -208,7 +208,6 @@ class Runtime:
             )
             self.decisions.remote = routing.decide_remote
         provider: FleetProvider
-        posture_spawner: PostureSpawner | None = None
         workspace_admin: WorkspaceAdmin | None = None
         k8s_fleet = False  # agents are CalibanTask CRs in a cluster
         if self._provider_override is not None:
@@ -223,8 +222,8 @@ class Runtime:
                 cfg.k8s.kubeconfig,
                 caliband_security=cfg.k8s.caliband_security,
             )
-            # The CR carries the posture (spec.task.permissionPosture) for the operator.
-            provider = posture_spawner = k8s
+            # The CR carries the spawn's posture (spec.task.permissionPosture) for the operator.
+            provider = k8s
             # The registry is the namespace's Workspace CRs (ADR 0013).
             workspace_admin = K8sWorkspaces.for_fleet(k8s)
             k8s_fleet = True
@@ -271,7 +270,6 @@ class Runtime:
             ownership=self.ownership,
             routing=routing,
             fenced_cursors=self.ownership is not None,
-            posture_spawner=posture_spawner,
             workspace_admin=workspace_admin,
         )
         if self.ownership is not None:

@@ -19,8 +19,7 @@ from prospero.core import metrics as m
 from prospero.core.errors import ProsperoError
 from prospero.core.metrics import Metrics
 from prospero.core.ratecard import RateCard
-from prospero.core.transport import NetworkSecurity, open_endpoint
-from prospero.core.wire.control import Endpoint, SpawnSpec
+from prospero.core.transport import Address, NetworkSecurity, open_endpoint
 from prospero.types.events import EventKind
 from prospero.types.model import AgentMeta, AgentStatus
 
@@ -29,8 +28,8 @@ log = logging.getLogger(__name__)
 EventSink = Callable[[EventKind], Awaitable[None]]
 """Receives normalised events in wire order; the FleetManager sequences and stores them."""
 
-EndpointResolver = Callable[[], Awaitable[Endpoint]]
-"""Looks up the agent's current per-agent endpoint (caliband `attach`)."""
+EndpointResolver = Callable[[], Awaitable[Address]]
+"""Looks up the agent's current address (the FleetProvider's `attach`)."""
 
 
 class CursorStore(Protocol):
@@ -98,8 +97,14 @@ class DriverTarget:
     workspace: str
     resolve_endpoint: EndpointResolver
     security: NetworkSecurity | None = None
+    # What the agent was spawned with, as far as a driver reads it: whether it waits for input
+    # (else it runs its task and ends), its initial prompt (ACP: sent as the first turn when
+    # Prospero's metadata has none), its model (ACP: named in agent_init) and its agent
+    # definition file (ACP: its directory is the session's cwd when working_dir is unknown).
     interactive: bool = False
-    spec: SpawnSpec | None = None
+    prompt: str | None = None
+    model: str | None = None
+    frontmatter_path: str | None = None
     working_dir: str = ""
     # The agent's store dir; when it is readable here (a local caliband), its `stdout.ndjson`
     # transcript lets a driver recover lines the socket can no longer serve. The manager may

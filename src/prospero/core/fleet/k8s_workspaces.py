@@ -38,7 +38,8 @@ from prospero.core.errors import (
     ProtocolError,
     WorkspaceNotFound,
 )
-from prospero.core.fleet.k8s import K8sFleet, _kube_errors
+from prospero.core.fleet.k8s import K8sFleet
+from prospero.core.fleet.k8s_tasks import kube_errors
 from prospero.core.wire.k8s import (
     FIELD_MANAGER,
     GROUP,
@@ -206,7 +207,7 @@ class K8sWorkspaces:
 
     async def _get(self, name: str) -> Workspace | None:
         try:
-            with _kube_errors(f"get Workspace {name}"):
+            with kube_errors(f"get Workspace {name}"):
                 obj = await self._api().get(WorkspaceResource, name, namespace=self.namespace)
         except NotFound:  # the API server's 404, translated
             return None
@@ -221,7 +222,7 @@ class K8sWorkspaces:
 
     async def views(self) -> list[K8sWorkspaceView]:
         raw: list[dict[str, Any]] = []
-        with _kube_errors("list Workspaces"):
+        with kube_errors("list Workspaces"):
             async for obj in self._api().list(WorkspaceResource, namespace=self.namespace):
                 raw.append(obj.to_dict())  # type: ignore[no-untyped-call]
         crs, self.skipped_crs = decode_items(Workspace, raw)
@@ -260,7 +261,7 @@ class K8sWorkspaces:
         body = cr.to_wire()
         body.pop("status", None)
         body["metadata"] = {"name": name, "namespace": self.namespace}
-        with _kube_errors(f"apply Workspace {name}"):
+        with kube_errors(f"apply Workspace {name}"):
             applied = await self._api().patch(
                 WorkspaceResource,
                 name,
@@ -280,7 +281,7 @@ class K8sWorkspaces:
         """Delete the CR; False when there was none (not an error: deletes are idempotent)."""
         self._sources.pop(name, None)
         try:
-            with _kube_errors(f"delete Workspace {name}"):
+            with kube_errors(f"delete Workspace {name}"):
                 await self._api().delete(WorkspaceResource, name, namespace=self.namespace)
         except NotFound:  # the API server's 404, translated: already gone
             return False

@@ -10,9 +10,9 @@ API reads, and the lifecycle (start/stop). Parts: `polling.py` (the poll loop, i
 and the diff of a listing into events), `supervision.py` (one driver per agent: build, run
 under a lease, close), `sink.py` (the EventSink a driver writes to), `operations.py` (the agent
 operations), `ending.py` (how a run ends: conclude, outcome, ACP worker release), `meta.py`
-(caliband's record overlaid with Prospero's AgentMeta), `catchup.py` (first sight of an agent;
-catch-up of agents that ended while nobody watched), `state.py` (the shared config, slot and
-seams).
+(the provider's record overlaid with Prospero's AgentMeta), `catchup.py` (first sight of an
+agent; catch-up of agents that ended while nobody watched), `state.py` (the shared config,
+slot and seams). What crosses the provider seam: `records.py`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from prospero.core.fleet.ending import RunEnding
 from prospero.core.fleet.meta import agent_view
 from prospero.core.fleet.operations import AgentOperations
 from prospero.core.fleet.polling import Polling
-from prospero.core.fleet.provider import FleetProvider, PostureSpawner, WorkspaceAdmin
+from prospero.core.fleet.provider import FleetProvider, WorkspaceAdmin
+from prospero.core.fleet.records import ListedAgent
 from prospero.core.fleet.sink import AgentSink
 from prospero.core.fleet.state import (
     AgentSlot,
@@ -52,7 +53,6 @@ from prospero.core.sources import discover_sources, validate_root
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
 from prospero.core.store.sqlite.agents import MemoryAgentMetaStore, SqliteAgentMetaStore
 from prospero.core.store.sqlite.events import SqliteEventStore
-from prospero.core.wire.control import AgentRecord
 from prospero.types.api import Readiness, WorkspaceSummary
 from prospero.types.k8s import WorkspaceAccepted, WorkspaceConfig
 from prospero.types.model import (
@@ -74,8 +74,8 @@ log = logging.getLogger("prospero.core.fleet.manager")
 _AgentSink = AgentSink  # its former name here (tests import it)
 
 
-def agent_from_record(workspace: str, rec: AgentRecord, meta: AgentMeta | None = None) -> Agent:
-    """The agent as the API shows it: caliband's record overlaid with Prospero's metadata."""
+def agent_from_record(workspace: str, rec: ListedAgent, meta: AgentMeta | None = None) -> Agent:
+    """The agent as the API shows it: the provider's record overlaid with Prospero's metadata."""
     return agent_view(workspace, rec, meta)
 
 
@@ -102,13 +102,9 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         fenced_cursors: bool = False,
         decisions: DecisionHooks | None = None,
         agents: AgentMetaStore | None = None,
-        posture_spawner: PostureSpawner | None = None,
         workspace_admin: WorkspaceAdmin | None = None,
     ) -> None:
-        if posture_spawner is not None and id(posture_spawner) != id(provider):
-            raise ValueError("posture_spawner must be the provider itself (its posture spawn)")
         self.provider = provider
-        self.posture_spawner = posture_spawner
         # Set (k8s: the Workspace CRs): the registry lives there, not in the config store.
         self.workspace_admin = workspace_admin
         self.config_store = config_store
@@ -126,7 +122,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         self._catchup = CatchUpGate()
         self._workspaces: dict[str, RegisteredWorkspace] = {}
         self._health: dict[str, WorkspaceHealth] = {}
-        self._listed: dict[str, dict[str, AgentRecord]] = {}
+        self._listed: dict[str, dict[str, ListedAgent]] = {}
         self._lifecycle_terms: dict[str, int] = {}  # polling.py: `_claim_lifecycle`
         self._slots: dict[str, AgentSlot] = {}
         self._registry_lock = asyncio.Lock()
@@ -265,7 +261,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
     def agent_ids(self) -> list[str]:
         """The ids of the agents `snapshot()` lists, in its order (workspaces by name, each
         one's agents by start time), without building the views (the dashboard summary)."""
-        by_ws: dict[str, list[AgentRecord]] = {name: [] for name in self._workspaces}
+        by_ws: dict[str, list[ListedAgent]] = {name: [] for name in self._workspaces}
         for s in self._slots.values():
             recs = by_ws.get(s.workspace)
             if recs is not None and s.record is not None:

@@ -1,16 +1,17 @@
-"""How the FleetManager reads an agent: caliband's record overlaid with Prospero's own
-metadata (AgentMeta, issue 9 contract 3).
+"""How the FleetManager reads an agent: the provider's record (`ListedAgent`) overlaid with
+Prospero's own metadata (AgentMeta, issue 9 contract 3).
 
-caliband's `listed` record echoes only caliband's own spec fields, so the drive protocol
-Prospero asked for, the permission posture and "spawned by this control plane" come from
-the AgentMeta store, never from the echo. An agent without metadata (discovered: spawned by
-someone else, or before this store existed) is NDJSON unless caliband's record says otherwise,
-and its posture is the workspace default (resolved when a decision is made).
+A backend's listing echoes only what the backend itself keeps (caliband: its own spec
+fields), so the drive protocol Prospero asked for, the permission posture and "spawned by this
+control plane" come from the AgentMeta store, never from the echo. An agent without metadata
+(discovered: spawned by someone else, or before this store existed) is NDJSON unless the
+listed record says otherwise, and its posture is the workspace default (resolved when a
+decision is made).
 """
 
 from __future__ import annotations
 
-from prospero.core.wire.control import AgentRecord
+from prospero.core.fleet.records import ListedAgent
 from prospero.types.events import run_result
 from prospero.types.model import Agent, AgentMeta, AgentStatus, DriveProtocol
 
@@ -21,13 +22,13 @@ def outcome_status(outcome: str) -> AgentStatus:
     return AgentStatus(run_result(outcome))
 
 
-def drive_protocol(rec: AgentRecord, meta: AgentMeta | None) -> DriveProtocol:
+def drive_protocol(rec: ListedAgent, meta: AgentMeta | None) -> DriveProtocol:
     """The protocol Prospero drives the agent with: its own record of the spawn, else what
-    caliband's record says (caliban >= 0.14 echoes `drive_protocol`), else NDJSON."""
+    the listed record says (caliban >= 0.14 echoes `drive_protocol`), else NDJSON."""
     return meta.drive_protocol if meta is not None else rec.spec.drive_protocol
 
 
-def drivable(rec: AgentRecord, meta: AgentMeta | None) -> bool:
+def drivable(rec: ListedAgent, meta: AgentMeta | None) -> bool:
     """NDJSON agents are always read (reading is passive); an ACP agent is driven only by
     the control plane that spawned or adopted it: driving means prompting it."""
     if drive_protocol(rec, meta) == "ndjson":
@@ -35,7 +36,7 @@ def drivable(rec: AgentRecord, meta: AgentMeta | None) -> bool:
     return meta is not None and meta.drivable
 
 
-def effective_status(rec: AgentRecord, meta: AgentMeta | None) -> AgentStatus:
+def effective_status(rec: ListedAgent, meta: AgentMeta | None) -> AgentStatus:
     """caliband's status, except for an agent whose driver recorded its end: an ACP worker
     stays `running` in caliband after its session ended (until released), and the release
     itself marks it `killed`; the agent reads as its outcome instead. A worker that exited
@@ -49,14 +50,14 @@ def effective_status(rec: AgentRecord, meta: AgentMeta | None) -> AgentStatus:
     return rec.status
 
 
-def agent_view(workspace: str, rec: AgentRecord, meta: AgentMeta | None) -> Agent:
+def agent_view(workspace: str, rec: ListedAgent, meta: AgentMeta | None) -> Agent:
     return Agent(
         id=rec.id,
         name=rec.name,
         workspace=workspace,
         status=effective_status(rec, meta),
         started_at=rec.started_at,
-        isolated=rec.spec.isolation_worktree,
+        isolated=rec.spec.worktree,
         interactive=rec.spec.interactive,
         session_dir=rec.session_dir,
         drive_protocol=drive_protocol(rec, meta),

@@ -1,7 +1,8 @@
 """The agent operations the API calls on the FleetManager: spawn, kill, respawn, remove,
-steering, drain, adopt. Lifecycle goes to the provider (caliband); what Prospero must
-remember of an agent (posture, protocol asked for, spawned or adopted here) goes to its own
-metadata store (AgentMeta), never into caliband's spec."""
+steering, drain, adopt. Lifecycle goes to the provider (its `AgentSpec` carries the posture
+too, kept only by a backend that carries one: K8sFleet's CR); what Prospero must remember of
+an agent (posture, protocol asked for, spawned or adopted here) goes to its own metadata store
+(AgentMeta), never read back from a backend's echo."""
 
 from __future__ import annotations
 
@@ -18,13 +19,12 @@ from prospero.core.errors import (
     Unsupported,
 )
 from prospero.core.fleet.meta import drivable, drive_protocol, effective_status
-from prospero.core.fleet.provider import SpawnOutcome
+from prospero.core.fleet.records import AgentSpec, ListedAgent
 from prospero.core.fleet.state import NOT_DRIVEN, AgentSlot, FleetState
 from prospero.core.ownership import workspace_key
 from prospero.core.provider_env import check_spawnable
 from prospero.core.relay.base import RelayOp
 from prospero.core.relay.routing import RELAYED_CALLS
-from prospero.core.wire.control import AgentRecord, SpawnSpec
 from prospero.types.api import SpawnedResponse, SpawnRequest
 from prospero.types.events import AgentGone, AgentSpawned, now_ts
 from prospero.types.model import Agent, AgentMeta, AgentStatus, DriveProtocol, RegisteredWorkspace
@@ -48,29 +48,27 @@ class AgentOperations(FleetState):
         posture = req.posture
         if posture is None and self.decisions is not None:
             posture = await self.decisions.default_posture(ws.name)
-        spec = SpawnSpec(
+        spec = AgentSpec(
+            prompt=req.prompt,
             label=req.label,
             frontmatter_path=req.frontmatter_path,
-            initial_prompt=req.prompt,
             model=req.model,
             provider=ws.config.provider,
-            tool_allowlist=req.tool_allowlist,
-            isolation_worktree=req.isolated,
+            tool_allowlist=tuple(req.tool_allowlist) if req.tool_allowlist is not None else None,
+            worktree=req.isolated,
             inherit_hooks=True,
             interactive=req.interactive,
             drive_protocol=req.drive_protocol,
+            posture=posture,
         )
         # No poll of this workspace runs until the new agent is registered here as ours: a
-        # listing that raced caliband's reply would take it for a discovered agent.
+        # listing that raced the provider's reply would take it for a discovered agent.
         async with self._poll_locks.setdefault(ws.name, asyncio.Lock()):
-            if self.posture_spawner is not None:  # the backend keeps the posture too (K8s CR)
-                reply = await self.posture_spawner.spawn(ws, spec, posture=posture)
-            else:
-                reply = await self.provider.spawn(ws, spec)
+            reply = await self.provider.spawn(ws, spec)
             # An identical spawn that found the agent already there (K8sFleet: the CR existed,
             # spawned by this replica, another one or another client) changes nothing here:
             # no second `agent_spawned`, and the first spawn's record stays as it was.
-            created = reply.created if isinstance(reply, SpawnOutcome) else True
+            created = reply.created
             # Prospero's own record of the spawn, kept before anything acts on the reply: the
             # posture and the protocol asked for are never read back from caliband's echo.
             meta = AgentMeta(
@@ -88,13 +86,13 @@ class AgentOperations(FleetState):
                 slot.meta = meta
             if slot.record is None:
                 # Provisional record until the next poll (so kill/rm right after spawn work).
-                slot.record = AgentRecord(
+                slot.record = ListedAgent(
                     id=reply.id,
                     name=req.label or f"agent-{reply.id}",
                     status=AgentStatus.spawning,
                     started_at=now_ts(),
-                    endpoint=reply.endpoint,
                     spec=spec,
+                    address=reply.address,
                 )
                 slot.status = AgentStatus.spawning
             if created:
@@ -167,7 +165,7 @@ class AgentOperations(FleetState):
                 spawned_here=True,
                 drive_protocol=drive_protocol(rec, old),
                 posture=old.posture if old is not None else None,
-                prompt=old.prompt if old is not None else rec.spec.initial_prompt,
+                prompt=old.prompt if old is not None else rec.spec.prompt,
                 created_at=now_ts(),
             )
             await self.emitter.emit(ws.name, new_id, AgentSpawned())

@@ -14,17 +14,12 @@ import orjson
 
 from prospero.core import metrics as m
 from prospero.core.aio import wait_for
-from prospero.core.errors import (
-    CalibandUnreachable,
-    ProsperoError,
-    ProtocolError,
-    TransportError,
-)
+from prospero.core.errors import ProsperoError
 from prospero.core.fleet.catchup import FirstSight, first_sight
 from prospero.core.fleet.meta import drivable, effective_status
+from prospero.core.fleet.records import ListedAgent
 from prospero.core.fleet.state import AgentSlot, FleetState
 from prospero.core.ownership import workspace_key
-from prospero.core.wire.control import AgentRecord
 from prospero.types.events import (
     AgentDiscovered,
     AgentGone,
@@ -147,13 +142,7 @@ class Polling(FleetState):
             health = self._health.get(name)
             try:
                 records = await self.provider.list_agents(ws)
-            except (CalibandUnreachable, TransportError, ProtocolError) as e:
-                self.metrics.inc(m.POLL_FAILURES)
-                await self._set_health(name, Unreachable(reason=str(e)))
-                if not isinstance(health, Unreachable):
-                    self._touch(name)
-                return
-            except ProsperoError as e:
+            except ProsperoError as e:  # FleetUnreachable, ProtocolError, ...
                 self.metrics.inc(m.POLL_FAILURES)
                 await self._set_health(name, Unreachable(reason=str(e)))
                 if not isinstance(health, Unreachable):
@@ -235,7 +224,7 @@ class Polling(FleetState):
         if self._writes_lifecycle(name):
             await self.emitter.emit(name, "", RepoHealth(state=health))
 
-    async def _reconcile(self, ws: RegisteredWorkspace, records: list[AgentRecord]) -> None:
+    async def _reconcile(self, ws: RegisteredWorkspace, records: list[ListedAgent]) -> None:
         prev = self._listed.get(ws.name, {})
         current = {r.id: r for r in records}
         self._listed[ws.name] = current
@@ -270,7 +259,7 @@ class Polling(FleetState):
                 await self._cancel_asks(gone_id, "the agent is gone")
                 await self._close_driver(gone_id)
 
-    async def _discover_pending(self, name: str, records: list[AgentRecord]) -> None:
+    async def _discover_pending(self, name: str, records: list[ListedAgent]) -> None:
         """Clustered, an agent first listed is announced one poll later, if by then nobody
         has: no `agent_spawned` or `agent_discovered` stored, no metadata saying Prospero
         spawned it. Another replica's spawn creates the agent before it records those (only
@@ -297,7 +286,7 @@ class Polling(FleetState):
                 await self.emitter.emit(name, agent_id, AgentDiscovered())
 
     @staticmethod
-    def _steady(slot: AgentSlot, rec: AgentRecord, before: AgentRecord | None) -> bool:
+    def _steady(slot: AgentSlot, rec: ListedAgent, before: ListedAgent | None) -> bool:
         """Nothing for `_apply_record` to do: the same record object as the last listing (the
         provider did not even decode it again) and already applied, the agent running with
         its driver's run going. The common case of an idle fleet's poll, at ~0.3 µs."""
@@ -316,8 +305,8 @@ class Polling(FleetState):
         self,
         ws: RegisteredWorkspace,
         slot: AgentSlot,
-        rec: AgentRecord,
-        before: AgentRecord | None,
+        rec: ListedAgent,
+        before: ListedAgent | None,
         sight: FirstSight | None,
     ) -> None:
         """One listed record: status diff (as the agent reads), driver start, terminal

@@ -2,39 +2,42 @@
 CalibanTask CRs).
 
 A provider never emits events and keeps no snapshot; the FleetManager above it polls, diffs,
-attaches drivers and emits.
+attaches drivers and emits. The seam speaks Prospero's types (`records.py`: `AgentSpec`,
+`ListedAgent`, `SpawnOutcome`; the transport's `Address`) and Prospero's errors: each backend
+translates its own records and failures at its boundary (a backend that cannot be reached:
+`FleetUnreachable`; an unknown agent: `AgentNotFound`; an operation its state refuses:
+`InvalidState`; an answer it cannot accept: `ProtocolError`).
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from prospero.core.transport import NetworkSecurity
-from prospero.core.wire.control import AgentRecord, Endpoint, SpawnedReply, SpawnSpec
+from prospero.core.fleet.records import AgentSpec, ListedAgent, SpawnOutcome
+from prospero.core.transport import Address, NetworkSecurity
 from prospero.types.k8s import K8sWorkspaceView, WorkspaceAccepted, WorkspaceConfig
-from prospero.types.model import Posture, RegisteredWorkspace, Source
+from prospero.types.model import RegisteredWorkspace, Source
 
-
-class SpawnOutcome(SpawnedReply):
-    """A spawn's reply with what the backend knows of the agent's novelty: `created` False when
-    an identical spawn found the agent there already (K8sFleet: the CR named from the spawn's
-    hash existed), so the manager records no second `agent_spawned`. Providers that always
-    create (LocalFleet: caliband's `spawned`) return a plain SpawnedReply."""
-
-    created: bool = True
+__all__ = ["AgentSpec", "FleetProvider", "ListedAgent", "SpawnOutcome", "WorkspaceAdmin"]
 
 
 @runtime_checkable
 class FleetProvider(Protocol):
     name: str
 
-    async def list_agents(self, ws: RegisteredWorkspace) -> list[AgentRecord]:
-        """Raises CalibandUnreachable (-> workspace unreachable) or ProtocolError."""
+    async def list_agents(self, ws: RegisteredWorkspace) -> list[ListedAgent]:
+        """Raises FleetUnreachable (-> the workspace reads unreachable) or ProtocolError. A
+        listing that did not change may return the very records of the last one (the manager
+        skips an unchanged record by identity)."""
         ...
 
-    async def spawn(self, ws: RegisteredWorkspace, spec: SpawnSpec) -> SpawnedReply: ...
+    async def spawn(self, ws: RegisteredWorkspace, spec: AgentSpec) -> SpawnOutcome:
+        """Spawn `spec` (its posture kept only by a backend that carries one)."""
+        ...
 
-    async def attach(self, ws: RegisteredWorkspace, agent_id: str) -> Endpoint: ...
+    async def attach(self, ws: RegisteredWorkspace, agent_id: str) -> Address:
+        """The agent's current address, for its driver to dial."""
+        ...
 
     async def kill(self, ws: RegisteredWorkspace, agent_id: str) -> None: ...
 
@@ -55,17 +58,6 @@ class FleetProvider(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-class PostureSpawner(Protocol):
-    """A provider whose backend carries the agent's permission posture from its spawn on
-    (K8sFleet: the CR's `spec.task.permissionPosture`, which the operator admits). It is handed
-    to the FleetManager explicitly (`posture_spawner=`, the provider itself); a provider that is
-    not one (LocalFleet) never sees the posture, which stays Prospero's alone (AgentMeta)."""
-
-    async def spawn(
-        self, ws: RegisteredWorkspace, spec: SpawnSpec, *, posture: Posture | None = None
-    ) -> SpawnedReply: ...
 
 
 class WorkspaceAdmin(Protocol):

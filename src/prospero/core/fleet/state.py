@@ -17,13 +17,13 @@ from prospero.core.drivers.base import (
     EventSink,
 )
 from prospero.core.fleet.catchup import CatchUpGate
-from prospero.core.fleet.provider import FleetProvider, PostureSpawner
+from prospero.core.fleet.provider import FleetProvider
+from prospero.core.fleet.records import ListedAgent
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership
 from prospero.core.ratecard import RateCard
 from prospero.core.relay.routing import OwnerRouting
 from prospero.core.store.base import AgentMetaStore, EventStore
-from prospero.core.wire.control import AgentRecord
 from prospero.types.events import CompactKind, EventKind, FleetEvent
 from prospero.types.model import (
     Agent,
@@ -137,7 +137,7 @@ class AgentSlot:
     """What the manager tracks per agent it has ever seen in this process."""
 
     workspace: str
-    record: AgentRecord | None = None
+    record: ListedAgent | None = None
     driver: AgentDriver | None = None
     task: asyncio.Task[DriverExit] | None = None
     terminal_since: float | None = None
@@ -159,8 +159,6 @@ class FleetState:
     """The FleetManager's state, declared for its mixins (the manager sets every field)."""
 
     provider: FleetProvider
-    # The provider again when it carries the posture to its backend (K8sFleet), else None.
-    posture_spawner: PostureSpawner | None
     store: EventStore
     emitter: EmitterLike
     metrics: Metrics
@@ -174,7 +172,7 @@ class FleetState:
     agents: AgentMetaStore
     _workspaces: dict[str, RegisteredWorkspace]
     _health: dict[str, WorkspaceHealth]
-    _listed: dict[str, dict[str, AgentRecord]]
+    _listed: dict[str, dict[str, ListedAgent]]
     # Clustered: the lifecycle lease epoch of each workspace this replica has written under
     # (and rebased its view on the store for: polling.py `_rebase_lifecycle`).
     _lifecycle_terms: dict[str, int]
@@ -205,9 +203,9 @@ class FleetState:
 
         def _touch(self, name: str) -> None: ...
 
-        def _make_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> AgentDriver: ...
+        def _make_driver(self, ws: RegisteredWorkspace, rec: ListedAgent) -> AgentDriver: ...
 
-        def _ensure_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> None: ...
+        def _ensure_driver(self, ws: RegisteredWorkspace, rec: ListedAgent) -> None: ...
 
         async def _close_driver(
             self,

@@ -17,9 +17,10 @@ from prospero.core.emitter import Emitter
 from prospero.core.errors import ProsperoError, Unsupported
 from prospero.core.fleet.cursors import EmitterCursors
 from prospero.core.fleet.meta import drive_protocol
+from prospero.core.fleet.records import ListedAgent
 from prospero.core.fleet.sink import AgentSink
 from prospero.core.fleet.state import AgentSlot, CursorStoreLike, FleetState
-from prospero.core.wire.control import AgentRecord, Endpoint
+from prospero.core.transport import Address
 from prospero.types.events import TurnLost
 from prospero.types.model import AgentStatus, RegisteredWorkspace
 
@@ -27,7 +28,7 @@ log = logging.getLogger("prospero.core.fleet.manager")  # as before the split
 
 
 class DriverSupervision(FleetState):
-    def _make_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> AgentDriver:
+    def _make_driver(self, ws: RegisteredWorkspace, rec: ListedAgent) -> AgentDriver:
         slot = self._slots.setdefault(rec.id, AgentSlot(workspace=ws.name, record=rec))
         protocol = drive_protocol(rec, slot.meta)
         factory = self.driver_factories.get(protocol)
@@ -39,7 +40,7 @@ class DriverSupervision(FleetState):
             current = self._slots.get(agent_id)
             return current.record.status if current is not None and current.record else None
 
-        async def resolve() -> Endpoint:
+        async def resolve() -> Address:
             return await self.provider.attach(ws, agent_id)
 
         workspace = ws.name
@@ -53,7 +54,9 @@ class DriverSupervision(FleetState):
             resolve_endpoint=resolve,
             security=self.provider.security(ws),
             interactive=rec.spec.interactive,
-            spec=rec.spec,
+            prompt=rec.spec.prompt,
+            model=rec.spec.model,
+            frontmatter_path=rec.spec.frontmatter_path,
             working_dir=rec.working_dir,
             session_dir=rec.session_dir,
             meta=slot.meta,
@@ -65,7 +68,7 @@ class DriverSupervision(FleetState):
             cursor_store = EmitterCursors(self.emitter, self.store, ws.name)  # fenced, in order
         return factory(target, sink, self.config.driver_options(), self.metrics, cursor_store)
 
-    def _ensure_driver(self, ws: RegisteredWorkspace, rec: AgentRecord) -> None:
+    def _ensure_driver(self, ws: RegisteredWorkspace, rec: ListedAgent) -> None:
         if self._stopping:
             return
         slot = self._slots.get(rec.id)

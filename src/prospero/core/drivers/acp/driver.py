@@ -135,7 +135,7 @@ class AcpDriver(ReconnectingDriver, AcpSession):
             self.queue,
             agent_id=target.agent_id,
             include_thinking=options.include_thinking,
-            model=target.spec.model if target.spec is not None else None,
+            model=target.model,
             metrics=metrics,
             on_hold=self._schedule_hold,
         )
@@ -520,9 +520,9 @@ class AcpDriver(ReconnectingDriver, AcpSession):
     def _cwd(self) -> str:
         if self.target.working_dir:
             return self.target.working_dir
-        spec = self.target.spec
-        if spec is not None and spec.frontmatter_path and os.path.isabs(spec.frontmatter_path):
-            return os.path.dirname(spec.frontmatter_path)
+        definition = self.target.frontmatter_path
+        if definition and os.path.isabs(definition):
+            return os.path.dirname(definition)
         return os.getcwd()
 
     # ---- persistence -------------------------------------------------------------------------

@@ -316,8 +316,7 @@ class AcpSession:
         meta = self.target.meta
         if meta is not None and meta.prompt:
             return meta.prompt
-        spec = self.target.spec
-        return spec.initial_prompt if spec is not None and spec.initial_prompt else None
+        return self.target.prompt or None
 
     def _next_prompt(self) -> tuple[str, bool] | None:
         if not self._initial_sent and self._spawned_here:
