@@ -3,8 +3,8 @@ snapshot of ~2,300 models across providers, updated with each release; never fet
 time). The rate card (`core.ratecard`) asks here for models its local table does not price.
 
 Loading the snapshot takes about a second (a large generated module), so it happens once per
-process, in a background thread started by `preload()` (the daemon calls it at start), or on the
-first lookup. Lookups are cached per model name. Any failure — the package missing or broken, a
+process, in a background thread started by `preload()` (prosperod calls it once it serves), or
+on the first lookup, which then waits for it. Lookups are cached per model name. Any failure — the package missing or broken, a
 model it does not know, one not priced per token — is "no price" (cost null), never an error.
 
 The prices are read out of the source once per model (`prices_for`: base prices and their

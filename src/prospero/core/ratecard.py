@@ -90,9 +90,11 @@ class RateCard:
         default_factory=dict, init=False, repr=False, compare=False
     )
 
-    def __post_init__(self) -> None:
+    def preload(self) -> None:
+        """Start loading the maintained list in the background (prosperod does once serving);
+        otherwise the first lookup that needs it loads it, and waits (~1 s)."""
         if self.maintained is not None:
-            self.maintained.preload()  # loads in the background: ready by the first turn
+            self.maintained.preload()
 
     def local_rate(self, model: str) -> Rate | None:
         if model in self.rates:

@@ -177,6 +177,9 @@ async def serve(
         )
         if not settings.tokens.enabled and not is_loopback(config.bind_host):  # pragma: no cover
             log.warning("API auth is off on a non-loopback address")
+        # The maintained price list (~1 s of CPU to load) loads in the background once serving,
+        # so that neither start-up nor the first priced turn waits for it.
+        config.rate_card.preload()
         if on_ready is not None:
             res = on_ready(server)
             if asyncio.iscoroutine(res):
