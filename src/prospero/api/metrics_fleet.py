@@ -3,21 +3,28 @@ workspace, status and drive protocol and workspaces up (from `FleetManager.snaps
 the drivers running by workspace and protocol.
 
 The FleetManager has no public view of its drivers: `drivers_active` reads its per-agent slots
-(`AgentSlot.task`, `.driver.protocol`, `.workspace`) and says nothing rather than failing if
-they change shape (tests/api/test_prometheus.py checks the gauge on a real prosperod).
+(`AgentSlot.task`, `.driver.protocol`, `.workspace`: a driver's task runs from its start to its
+end, as `prospero_active_attaches` counts). A gauge whose function fails is left out of that
+scrape and logged once (`core.metrics_export`); tests/api/test_prometheus.py checks these gauges
+on a real stack.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Protocol
 
 from prospero.core import metrics as m
+from prospero.core.fleet.manager import FleetManager
 from prospero.core.metrics import Labels, Metrics
 from prospero.types.model import Healthy
 
 
-def install(metrics: Metrics, runtime: Any) -> None:
+class AppRuntimeLike(Protocol):
+    manager: FleetManager | None
+
+
+def install(metrics: Metrics, runtime: AppRuntimeLike) -> None:
     """Register the fleet's scrape-time gauges on `metrics` (`runtime.manager` is read at each
     scrape: it is None until the runtime has started)."""
     metrics.gauge_fn(m.AGENTS, lambda: agents(runtime.manager))
@@ -25,7 +32,7 @@ def install(metrics: Metrics, runtime: Any) -> None:
     metrics.gauge_fn(m.DRIVERS_ACTIVE, lambda: drivers_active(runtime.manager))
 
 
-def agents(manager: Any) -> Mapping[Labels, float]:
+def agents(manager: FleetManager | None) -> Mapping[Labels, float]:
     if manager is None:
         return {}
     out: dict[Labels, float] = {}
@@ -36,7 +43,7 @@ def agents(manager: Any) -> Mapping[Labels, float]:
     return out
 
 
-def workspaces_up(manager: Any) -> Mapping[Labels, float]:
+def workspaces_up(manager: FleetManager | None) -> Mapping[Labels, float]:
     if manager is None:
         return {}
     return {
@@ -45,16 +52,13 @@ def workspaces_up(manager: Any) -> Mapping[Labels, float]:
     }
 
 
-def drivers_active(manager: Any) -> Mapping[Labels, float]:
-    slots = getattr(manager, "_slots", None)
-    if not isinstance(slots, dict):
+def drivers_active(manager: FleetManager | None) -> Mapping[Labels, float]:
+    if manager is None:
         return {}
     out: dict[Labels, float] = {}
-    for slot in list(slots.values()):
-        task = getattr(slot, "task", None)
-        if task is None or task.done():
+    for slot in list(manager._slots.values()):
+        if slot.task is None or slot.task.done() or slot.driver is None:
             continue
-        protocol = str(getattr(getattr(slot, "driver", None), "protocol", "") or "")
-        key = (str(getattr(slot, "workspace", "")), protocol)
+        key = (slot.workspace, slot.driver.protocol)
         out[key] = out.get(key, 0) + 1
     return out
