@@ -173,7 +173,8 @@ async def test_metrics_after_real_traffic(make_stack: StackFactory) -> None:
     assert (total("prospero_api_requests", method="GET", code="200") or 0) >= 5
     assert (total("prospero_api_requests", method="POST", code="201") or 0) == 2
     assert (total("prospero_api_requests", method="POST", code="202") or 0) == 1
-    assert (val(fams, "prospero_repos_polled", "prospero_repos_polled_total") or 0) > 0
+    assert (total("prospero_repos_polled", workspace="ws") or 0) > 0
+    assert total("prospero_poll_failures", workspace="ws") is None  # never failed: no series
     # unlabelled names of before keep their names and types
     assert val(fams, "prospero_active_attaches") is not None
     assert total("prospero_append_failures") == 0

@@ -107,8 +107,11 @@ SPECS: dict[str, MetricSpec] = {
         "1 for a workspace whose last poll reached its caliband (healthy), else 0 (at scrape).",
         "workspace",
     ),
-    m.REPOS_POLLED: _c("Workspace polls performed."),
-    m.POLL_FAILURES: _c("Workspace polls that failed (caliband unreachable or protocol error)."),
+    m.REPOS_POLLED: _c("Workspace polls performed, by workspace.", "workspace"),
+    m.POLL_FAILURES: _c(
+        "Workspace polls that failed (its backend unreachable or a protocol error), by workspace.",
+        "workspace",
+    ),
     # -- ACP ---------------------------------------------------------------------------------
     "acp_unserved_requests": _c("ACP requests from agents answered method-not-found."),
     "acp_unknown_updates": _c("ACP session updates of an unknown type."),

@@ -137,13 +137,13 @@ class Polling(FleetState):
             return
         lock = self._poll_locks.setdefault(name, asyncio.Lock())
         async with lock:
-            self.metrics.inc(m.REPOS_POLLED)
+            self.metrics.inc(m.REPOS_POLLED, 1, (name,))
             term = await self._claim_lifecycle(name)
             health = self._health.get(name)
             try:
                 records = await self.provider.list_agents(ws)
             except ProsperoError as e:  # FleetUnreachable, ProtocolError, ...
-                self.metrics.inc(m.POLL_FAILURES)
+                self.metrics.inc(m.POLL_FAILURES, 1, (name,))
                 await self._set_health(name, Unreachable(reason=str(e)))
                 if not isinstance(health, Unreachable):
                     self._touch(name)
