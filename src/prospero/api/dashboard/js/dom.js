@@ -20,6 +20,33 @@ export function isSafeUrl(url) {
   return url.startsWith("#") || (url.startsWith("/") && !url.startsWith("//"));
 }
 
+/** An absolute http(s) or mailto URL, normalised; null for anything else (javascript:,
+ *  data:, relative or malformed URLs, URLs with spaces or control characters). */
+export function safeExternalUrl(url) {
+  const raw = String(url ?? "").trim();
+  if (!/^(https?:\/\/|mailto:)/i.test(raw) || /[\u0000-\u0020\u007f]/.test(raw)) return null;
+  try {
+    const u = new URL(raw);
+    return ["http:", "https:", "mailto:"].includes(u.protocol) ? u.href : null;
+  } catch {
+    return null;
+  }
+}
+
+/** A link out of the dashboard (agent text's links): opened in a new tab without referrer or
+ *  opener; null when `url` is not a safe external URL (the caller shows the text instead). */
+export function externalLink(url, title, children) {
+  const href = safeExternalUrl(url);
+  if (!href) return null;
+  const el = document.createElement("a");
+  el.setAttribute("href", href);
+  el.setAttribute("rel", "noopener noreferrer nofollow");
+  el.setAttribute("target", "_blank");
+  el.setAttribute("class", "ext-link");
+  if (title) el.setAttribute("title", String(title));
+  return append(el, [children]);
+}
+
 function build(el, attrs, children) {
   if (attrs) {
     for (const [key, value] of Object.entries(attrs)) {

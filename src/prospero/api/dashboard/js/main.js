@@ -2,6 +2,7 @@
 
 import { onUnauthorized, signOut, whoami } from "./api.js";
 import { $, clear, h } from "./dom.js";
+import { installKeys, toggleHelp } from "./keys.js";
 import * as state from "./state.js";
 import { banner, clearBanners, tokenDialog } from "./ui.js";
 import * as agentView from "./views/agent.js";
@@ -66,6 +67,7 @@ function route() {
 
 const THEMES = ["system", "light", "dark"];
 const THEME_LABEL = { system: "System", light: "Light", dark: "Dark" };
+const THEME_ICON = { system: "◐", light: "☀", dark: "☾" };
 
 function currentTheme() {
   const t = document.documentElement.getAttribute("data-theme");
@@ -81,6 +83,7 @@ function applyTheme(t) {
   }
   const btn = $("#theme-toggle");
   btn.textContent = `Theme: ${THEME_LABEL[t]}`;
+  btn.dataset.icon = THEME_ICON[t]; // shown instead of the words on a narrow screen
   btn.setAttribute("title", "Cycle the colour theme: System → Light → Dark");
 }
 
@@ -133,6 +136,7 @@ function setupHeader() {
     const next = THEMES[(THEMES.indexOf(currentTheme()) + 1) % THEMES.length];
     applyTheme(next);
   });
+  $("#keys-help").addEventListener("click", () => toggleHelp());
   $("#signout").addEventListener("click", async () => {
     try {
       await signOut();
@@ -159,6 +163,7 @@ async function boot() {
     return ok;
   });
   setupHeader();
+  installKeys();
   window.addEventListener("hashchange", route);
   // Debug/test hook: drop the live connections as a network failure would.
   window.prospero = { dropStreams: () => window.dispatchEvent(new Event("prospero:drop")) };

@@ -252,6 +252,20 @@ function markAnswered(id) {
   if (answered.size > ANSWERED_MAX) answered.delete(answered.values().next().value);
 }
 
+/** How many permission requests of this agent wait for a human: the live decisions when the
+ *  daemon has the decisions API, else what /api/fleet said (`pending_decisions`). */
+export function pendingFor(agent) {
+  const id = typeof agent === "string" ? agent : agent?.id;
+  const dec = store.decisions;
+  if (dec.available) {
+    let n = 0;
+    for (const d of dec.items.values()) if (d.agent_id === id) n += 1;
+    return n;
+  }
+  const a = typeof agent === "string" ? findAgent(agent) : agent;
+  return Number(a?.pending_decisions) || 0;
+}
+
 export function pendingDecisions() {
   return [...store.decisions.items.values()].sort((a, b) =>
     String(a.created_at || "").localeCompare(String(b.created_at || "")),

@@ -1,18 +1,30 @@
 // The agent timeline: turns FleetEvents into DOM entries, incrementally.
 //
 // - consecutive output chunks of one stream coalesce into one text block (thinking into a
-//   collapsed <details>);
+//   collapsed <details>); agent text renders as markdown (markdown.js: DOM nodes, never
+//   HTML), re-rendered at most once per frame while it grows;
 // - tool calls are paired start -> finish by id (fallback for id-less legacy events: the
-//   oldest open call) into one entry that opens the inspector;
+//   oldest open call) into one entry that opens the inspector; an edit shows its +/- counts
+//   (edits.js) and every call is reported to `onTool` (the files-changed list);
+// - a permission request is answerable right here (decision.js) until it is resolved;
 // - status changes, per-turn usage, the run summary, gaps and lost turns are their own rows.
 //
 // Every entry lists the seqs it shows in `data-seqs`, so "each stored event exactly once" is
 // checkable from the DOM. Events at or below the last seq shown are ignored (a resumed stream
 // or a catch-up fetch can overlap). Text goes in as text nodes only.
 
-import { h, replace } from "./dom.js";
-import { fmtDuration, fmtTime, fmtTokens, fmtUsd, parseTs, prettyJson, toolHint } from "./format.js";
+import { decisionCard } from "./decision.js";
+import { h } from "./dom.js";
+import { editsOf, resultEdits } from "./edits.js";
+import { fmtDuration, fmtTime, fmtTokens, fmtUsd, parseTs, toolHint } from "./format.js";
+import { MarkdownView } from "./markdown.js";
 import { statusPill } from "./ui.js";
+
+export function toolDuration(rec) {
+  const a = rec.started ? parseTs(rec.started) : null;
+  const b = rec.finished ? parseTs(rec.finished) : null;
+  return a !== null && b !== null ? Math.max(0, b - a) : null;
+}
 
 function addSeq(el, seq) {
   if (seq === undefined || seq === null || !Number.isFinite(seq)) return;
@@ -20,10 +32,15 @@ function addSeq(el, seq) {
 }
 
 export class Timeline {
-  constructor(listEl, { onSelectTool, onChange } = {}) {
+  constructor(listEl, { onSelectTool, onChange, onTool, root } = {}) {
     this.el = listEl;
     this.onSelectTool = onSelectTool || (() => {});
     this.onChange = onChange || (() => {});
+    this.onTool = onTool || (() => {});
+    this.root = root || (() => "");
+    this.tools = []; // every tool record, in order
+    this.dirty = new Set(); // markdown views to re-render
+    this.frame = 0;
     this.lastSeq = 0;
     this.block = null; // {stream, el, text: Text}
     this.open = []; // tool records without a finish, oldest first
@@ -31,13 +48,36 @@ export class Timeline {
     this.finished = false;
     this.totals = { input: null, output: null, cost: null, turns: 0, outcome: null };
     this.model = null;
-    this.asks = new Map(); // decision id -> the "open the inbox" link of its pending marker
+    this.asks = new Map(); // decision id -> {link, card} of its pending marker
+  }
+
+  /** Render what is pending now (the search reads the DOM). */
+  flush() {
+    cancelAnimationFrame(this.frame);
+    this.frame = 0;
+    for (const view of this.dirty) view.render();
+    this.dirty.clear();
+  }
+
+  _dirty(view) {
+    this.dirty.add(view);
+    if (!this.frame) {
+      this.frame = requestAnimationFrame(() => {
+        this.frame = 0;
+        this.flush();
+        this.onChange();
+      });
+    }
+  }
+
+  dispose() {
+    cancelAnimationFrame(this.frame);
   }
 
   _entry(kind, seq, ts, ...body) {
     const el = h(
       "div",
-      { class: ["tl-entry", `tl-${kind}`], dataset: { kind } },
+      { class: ["tl-entry", `tl-${kind}`], tabindex: "-1", dataset: { kind, navItem: "entry" } },
       h("div", { class: "tl-time", title: ts || "" }, fmtTime(ts)),
       h("div", { class: "tl-body" }, ...body),
     );
@@ -150,16 +190,9 @@ export class Timeline {
           `Event #${k.lost_seq} could not be stored` + (k.detail ? `: ${k.detail}` : ""),
         );
         break;
-      case "decision_pending": {
-        const d = k.decision || k;
-        const title = d.tool_call?.title || d.tool_call?.kind || "a tool call";
-        const el = this._marker("decision", seq, ts, "ask", `Permission requested: ${title} `);
-        if (d.id != null) el.dataset.decisionId = String(d.id);
-        const link = h("a", { href: "#/approvals", class: "link" }, "open the inbox");
-        el.querySelector(".tl-body").append(link);
-        if (d.id != null) this.asks.set(String(d.id), link);
+      case "decision_pending":
+        this._ask(ev, seq, ts);
         break;
-      }
       case "decision_resolved": {
         const d = k.decision || k;
         const who = d.by || d.decided_by || "";
@@ -172,9 +205,14 @@ export class Timeline {
         const el = this._marker("decision", seq, ts, "info", title ? `${text} — ${title}` : text);
         if (d.id != null) {
           el.dataset.decisionId = String(d.id);
-          // Answered: the inbox no longer has it.
-          this.asks.get(String(d.id))?.remove();
-          this.asks.delete(String(d.id));
+          // Answered: the inbox no longer has it, nor does this timeline.
+          const ask = this.asks.get(String(d.id));
+          if (ask) {
+            ask.link.remove();
+            ask.card?.remove();
+            ask.resolved = true;
+            this.asks.delete(String(d.id));
+          }
         }
         if (d.note) el.querySelector(".tl-body").append(h("div", { class: "muted" }, `Note: ${d.note}`));
         break;
@@ -197,22 +235,31 @@ export class Timeline {
     const stream = k.stream === "thinking" ? "thinking" : "stdout";
     const chunk = String(k.chunk ?? "");
     if (this.block && this.block.stream === stream) {
-      this.block.text.appendData(chunk);
       addSeq(this.block.el, seq);
-      if (stream === "thinking") this._thinkingSummary(this.block, chunk);
+      if (stream === "thinking") {
+        this.block.text.appendData(chunk);
+        this._thinkingSummary(this.block, chunk);
+      } else {
+        this.block.md.append(chunk);
+        this._dirty(this.block.md);
+      }
       return;
     }
-    const text = document.createTextNode(chunk);
     let el;
     if (stream === "thinking") {
+      const text = document.createTextNode(chunk);
       const summary = h("summary", {}, h("span", { class: "think-label" }, "Thinking"), h("span", { class: "think-meta muted" }));
       const details = h("details", { class: "thinking" }, summary, h("div", { class: "thinking-text" }, text));
       el = this._entry("thinking", seq, ts, details);
       this.block = { stream, el, text, summary, words: 0, midWord: false };
       this._thinkingSummary(this.block, chunk);
     } else {
-      el = this._entry("text", seq, ts, h("div", { class: "text" }, text));
-      this.block = { stream, el, text };
+      const body = h("div", { class: "text md" });
+      el = this._entry("text", seq, ts, body);
+      const md = new MarkdownView(body);
+      md.append(chunk);
+      this._dirty(md);
+      this.block = { stream, el, md };
     }
   }
 
@@ -232,6 +279,7 @@ export class Timeline {
       id: k.id || "",
       name: k.name || "tool",
       input: k.input,
+      diffs: Array.isArray(k.diffs) ? k.diffs : null,
       started: ts,
       finished: null,
       ok: null,
@@ -239,10 +287,13 @@ export class Timeline {
       startSeq: seq,
       finishSeq: null,
     };
+    rec.edits = editsOf(rec.name, rec.input, rec.diffs);
     rec.el = this._entry("tool", seq, ts, this._toolRow(rec));
     rec.el.dataset.toolId = rec.id;
     this._toolState(rec);
     this.open.push(rec);
+    this.tools.push(rec);
+    this.onTool(rec);
   }
 
   _toolFinished(k, seq, ts) {
@@ -251,20 +302,55 @@ export class Timeline {
     let rec = k.id ? this.open.find((r) => r.id === k.id) : this.open[0];
     if (!rec) {
       // A finish without its start (e.g. the start was lost in a gap): its own entry.
-      rec = { id: k.id || "", name: k.name || "tool", input: undefined, started: null, startSeq: null };
+      rec = { id: k.id || "", name: k.name || "tool", input: undefined, started: null, startSeq: null, edits: [] };
       rec.el = this._entry("tool", null, ts, this._toolRow(rec));
       rec.el.dataset.toolId = rec.id;
       rec.orphan = true;
+      this.tools.push(rec);
     }
     rec.finished = ts;
     rec.ok = k.ok !== false;
     rec.result = k.result ?? null;
     rec.finishSeq = seq;
     if (k.name && (!rec.name || rec.name === "tool")) rec.name = k.name;
+    if (!rec.edits.length) {
+      rec.edits = resultEdits(rec.result); // an ACP edit's diff, rendered into its result
+      rec.editsFromResult = rec.edits.length > 0;
+    }
     addSeq(rec.el, seq);
     this.open = this.open.filter((r) => r !== rec);
     this._toolState(rec);
+    this.onTool(rec);
     if (this.selected === rec) this.onSelectTool(rec);
+  }
+
+  /** The tool record of a call id (the latest with it). */
+  tool(id) {
+    for (let i = this.tools.length - 1; i >= 0; i -= 1) if (this.tools[i].id === id) return this.tools[i];
+    return null;
+  }
+
+  _ask(ev, seq, ts) {
+    const k = ev.kind;
+    const d = k.decision || k;
+    const title = d.tool_call?.title || d.tool_call?.kind || "a tool call";
+    const el = this._marker("decision", seq, ts, "ask", `Permission requested: ${title} `);
+    if (d.id == null) return;
+    const id = String(d.id);
+    el.dataset.decisionId = id;
+    const link = h("a", { href: "#/approvals", class: "link" }, "open the inbox");
+    el.querySelector(".tl-body").append(link);
+    const ask = { link, card: null, resolved: false };
+    this.asks.set(id, ask);
+    // The card is built a frame later: a replayed history usually brings the answer at once.
+    requestAnimationFrame(() => {
+      if (ask.resolved || !el.isConnected) return;
+      const dec = { ...d, id, agent_id: ev.agent_id, workspace: ev.repo, options: d.options || [], tool_call: d.tool_call || {} };
+      const rec = dec.tool_call.id ? this.tool(dec.tool_call.id) : null;
+      ask.card = decisionCard(dec, { compact: true, edits: rec?.edits || null, root: this.root() });
+      el.querySelector(".tl-body").append(ask.card);
+      this.onChange();
+    });
   }
 
   _toolRow(rec) {
@@ -278,7 +364,8 @@ export class Timeline {
       },
       h("span", { class: "tool-icon", "aria-hidden": "true" }),
       h("span", { class: "tool-name" }, rec.name),
-      h("span", { class: "tool-hint mono" }, toolHint(rec.input)),
+      h("span", { class: "tool-hint mono" }, rec.edits?.length ? rec.edits.map((e) => e.path).join(", ") : toolHint(rec.input)),
+      h("span", { class: "tool-edit" }),
       h("span", { class: "pill tool-state" }),
       h("span", { class: "tool-dur muted" }),
     );
@@ -293,8 +380,15 @@ export class Timeline {
     pill.className = `pill tool-state ts-${st}`;
     pill.textContent = st;
     rec.row.querySelector(".tool-name").textContent = rec.name;
-    const dur = rec.finished && rec.started ? parseTs(rec.finished) - parseTs(rec.started) : null;
+    const dur = toolDuration(rec);
     rec.row.querySelector(".tool-dur").textContent = dur !== null ? fmtDuration(dur) : "";
+    const edit = rec.row.querySelector(".tool-edit");
+    edit.replaceChildren();
+    if (rec.edits?.length) {
+      const adds = rec.edits.reduce((n, e) => n + e.adds, 0);
+      const dels = rec.edits.reduce((n, e) => n + e.dels, 0);
+      edit.append(h("span", { class: "diff-adds" }, `+${adds}`), h("span", { class: "diff-dels" }, `−${dels}`));
+    }
   }
 
   select(rec) {
@@ -328,12 +422,16 @@ export class Timeline {
     this.finished = true;
     const t = this.totals;
     t.outcome = k.outcome || null;
-    t.turns = Math.max(t.turns, k.turns || 0);
-    if (k.usage) {
-      t.input = k.usage.input_tokens;
-      t.output = k.usage.output_tokens;
+    // Totals are the sums of the turns (as the fleet and /api/usage count them); the run's
+    // own totals only stand in when no turn was recorded (older histories).
+    if (!t.turns) {
+      t.turns = k.turns || 0;
+      if (k.usage) {
+        t.input = k.usage.input_tokens;
+        t.output = k.usage.output_tokens;
+      }
+      if (k.cost_usd != null) t.cost = k.cost_usd;
     }
-    if (k.cost_usd != null) t.cost = k.cost_usd;
     const good = /^(EndOfTurn|end_turn|done|Done|EndInput)$/.test(k.outcome || "");
     this._entry(
       "finished",
@@ -353,59 +451,4 @@ export class Timeline {
       ),
     );
   }
-}
-
-/** The tool inspector panel: input and result of the selected call. */
-export function renderInspector(panel, rec, onClose) {
-  if (!rec) {
-    replace(
-      panel,
-      h(
-        "div",
-        { class: "inspector-empty" },
-        h("div", { class: "inspector-title" }, "Tool inspector"),
-        h("p", { class: "muted" }, "Select a tool call in the timeline to see its input and result."),
-      ),
-    );
-    panel.classList.remove("open");
-    return;
-  }
-  const st = rec.finished === null || rec.finished === undefined ? "running" : rec.ok ? "ok" : "failed";
-  const dur = rec.finished && rec.started ? parseTs(rec.finished) - parseTs(rec.started) : null;
-  const result = rec.result;
-  let resultEl;
-  if (st === "running") resultEl = h("p", { class: "muted" }, "Still running…");
-  else if (!result) resultEl = h("p", { class: "muted" }, "No result reported.");
-  else {
-    resultEl = h(
-      "div",
-      {},
-      result.truncated ? h("p", { class: "note-warn" }, "Truncated by the agent.") : null,
-      h("pre", { class: "code", dataset: { field: "result" } }, result.text ?? ""),
-    );
-  }
-  replace(
-    panel,
-    h(
-      "div",
-      { class: "inspector-head" },
-      h("div", { class: "inspector-title" }, rec.name),
-      h("span", { class: ["pill", `ts-${st}`] }, st),
-      h("button", { type: "button", class: "btn btn-ghost btn-sm inspector-close", "aria-label": "Close inspector", on: { click: onClose } }, "Close"),
-    ),
-    h(
-      "dl",
-      { class: "inspector-meta" },
-      h("div", { class: "kv" }, h("dt", {}, "Call id"), h("dd", { class: "mono" }, rec.id || "—")),
-      h("div", { class: "kv" }, h("dt", {}, "Started"), h("dd", {}, rec.started ? fmtTime(rec.started) : "—")),
-      h("div", { class: "kv" }, h("dt", {}, "Duration"), h("dd", {}, dur !== null ? fmtDuration(dur) : "—")),
-    ),
-    h("h4", { class: "inspector-section" }, "Input"),
-    rec.input === undefined || rec.input === null
-      ? h("p", { class: "muted", dataset: { field: "input" } }, rec.orphan ? "Start not seen." : "No input.")
-      : h("pre", { class: "code", dataset: { field: "input" } }, prettyJson(rec.input)),
-    h("h4", { class: "inspector-section" }, "Result"),
-    resultEl,
-  );
-  panel.classList.add("open");
 }

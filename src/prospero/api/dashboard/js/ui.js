@@ -7,6 +7,23 @@ export function statusPill(status) {
   return h("span", { class: ["pill", `st-${status || "unknown"}`], dataset: { status } }, status || "?");
 }
 
+/** The agent's status, or "awaiting approval" while a permission request of a live agent
+ *  waits for a human (its status alone reads running). */
+export function agentPill(status, pending) {
+  if (pending > 0 && !["killed", "done", "failed", "crashed"].includes(status)) {
+    return h(
+      "span",
+      {
+        class: ["pill", "st-awaiting"],
+        dataset: { status, awaiting: String(pending) },
+        title: `${status}: ${pending} permission request${pending === 1 ? "" : "s"} waiting for an answer`,
+      },
+      "awaiting approval",
+    );
+  }
+  return statusPill(status);
+}
+
 export function healthPill(health) {
   const state = health?.state || "unknown";
   const attrs = { class: ["pill", `health-${state}`] };

@@ -1,5 +1,6 @@
-// Agent page: header with status and totals, controls (send input, end input, cancel turn,
-// kill, respawn, remove — destructive ones confirmed), the live timeline and the tool
+// Agent page: header with status (awaiting approval while a permission request waits) and
+// totals, controls (send input, end input, cancel turn, kill, respawn, remove — destructive
+// ones confirmed), the live timeline with its search, the files the run changed and the tool
 // inspector. The timeline follows /api/agents/{id}/stream from seq 0 and resumes after any
 // drop with ?from=<last seq + 1>; the stream ends after agent_finished, later events (the
 // final status change, removal) are fetched from /events when the fleet stream reports them.
@@ -7,10 +8,14 @@
 import { ApiError, del, enc, get, post } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtAge, fmtTokens, fmtUsd, isTerminal, shortId } from "../format.js";
+import { FilesPanel } from "../files.js";
+import { renderInspector } from "../inspector.js";
+import { setViewKeys } from "../keys.js";
+import { TranscriptSearch } from "../search.js";
 import { ResumableStream } from "../sse.js";
 import * as state from "../state.js";
-import { Timeline, renderInspector } from "../timeline.js";
-import { banner, busy, button, confirmDialog, ownerBadge, statusPill, tag } from "../ui.js";
+import { Timeline } from "../timeline.js";
+import { agentPill, banner, busy, button, confirmDialog, ownerBadge, tag } from "../ui.js";
 
 const CONN_LABEL = {
   connecting: "connecting",
@@ -24,6 +29,7 @@ export function mount(root, { params }) {
   let agent = state.findAgent(id);
   let gone = false;
   let disposed = false;
+  let pendingShown = null; // the pending requests the head shows
 
   const titleEl = h("h1", { class: "agent-title" });
   const statusEl = h("span", { class: "agent-status" });
@@ -42,12 +48,24 @@ export function mount(root, { params }) {
   // Following the tail only makes sense while the agent runs.
   follow.checked = !agent || !isTerminal(agent.status);
 
+  const wsRoot = () => state.workspaceByName(agent?.workspace || "")?.root || "";
+  const files = new FilesPanel({ onSelect: (rec) => timeline.select(rec), root: wsRoot });
+  const search = new TranscriptSearch(list, {
+    beforeSearch: () => timeline.flush(),
+    onNavigate: () => {
+      follow.checked = false;
+    },
+  });
+
   // Bursts (a replayed history) update the stats and the scroll position once per frame.
   let frameQueued = false;
   const timeline = new Timeline(list, {
-    onSelectTool: (rec) => renderInspector(inspector, rec, () => timeline.select(null)),
+    onSelectTool: (rec) => renderInspector(inspector, rec, () => timeline.select(null), { root: wsRoot() }),
+    onTool: () => files.update(timeline.tools),
+    root: wsRoot,
     onChange: () => {
       placeholder.hidden = true;
+      search.schedule();
       if (frameQueued) return;
       frameQueued = true;
       requestAnimationFrame(() => {
@@ -75,7 +93,8 @@ export function mount(root, { params }) {
     const name = a ? a.label || a.name || a.id : id;
     titleEl.textContent = name;
     document.title = `${name} · Prospero`;
-    replace(statusEl, a ? statusPill(a.status) : null);
+    pendingShown = a ? state.pendingFor(a) : null;
+    replace(statusEl, a ? agentPill(a.status, pendingShown) : null);
     replace(
       tagsEl,
       h("span", { class: "mono agent-id", title: "agent id" }, id),
@@ -341,8 +360,25 @@ export function mount(root, { params }) {
       renderHead();
     }
   });
+  // The head shows "awaiting approval" while one of this agent's requests waits.
+  const offDecisions = state.on("decisions", () => {
+    const n = state.pendingFor(agent || id);
+    if (n !== pendingShown) renderHead();
+  });
   const onDrop = () => stream.drop();
   window.addEventListener("prospero:drop", onDrop);
+  const offKeys = setViewKeys((key) => {
+    if (key === "n" || key === "N") {
+      if (!search.query) return false;
+      search.step(key === "n" ? 1 : -1);
+      return true;
+    }
+    if (key === "Escape" && timeline.selected) {
+      timeline.select(null);
+      return true;
+    }
+    return false;
+  });
 
   root.append(
     h(
@@ -365,6 +401,7 @@ export function mount(root, { params }) {
           "div",
           { class: "tl-toolbar" },
           h("h2", { class: "card-title" }, "Timeline"),
+          search.el,
           h(
             "div",
             { class: "tl-toggles" },
@@ -375,7 +412,7 @@ export function mount(root, { params }) {
         placeholder,
         list,
       ),
-      inspector,
+      h("div", { class: "agent-side" }, files.el, inspector),
     ),
   );
   renderHead();
@@ -387,8 +424,12 @@ export function mount(root, { params }) {
     disposed = true;
     stream.stop();
     obs.disconnect();
+    timeline.dispose();
+    search.dispose();
     offEvent();
     offFleet();
+    offDecisions();
+    offKeys();
     clearTimeout(refreshTimer);
     window.removeEventListener("prospero:drop", onDrop);
     document.title = "Prospero";

@@ -1,18 +1,21 @@
 // Fleet overview: stat row, filters, one card per workspace (health, config, status meter,
-// agents with status, drive protocol, posture, model, age, tokens and cost; clustered, the
-// replica driving each one). Live: re-renders whenever the store changes (fleet SSE stream +
-// poll).
+// agents with status — "awaiting approval" while a permission request waits —, drive
+// protocol, posture, model, age, tokens and cost; clustered, the replica driving each one).
+// Live: re-renders whenever the store changes (fleet SSE stream + poll, decisions). Spend is
+// all-time, per listed agent, per turn (as the agent page counts it); the usage page counts
+// the same turns per UTC day in its window, removed agents included: the stat says which.
 
 import { ApiError, post } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtAge, fmtTokens, fmtUsd, parseTs, plural, shortId } from "../format.js";
 import * as state from "../state.js";
-import { banner, button, emptyState, healthPill, ownerBadge, statusPill, tag } from "../ui.js";
+import { agentPill, banner, button, emptyState, healthPill, ownerBadge, tag } from "../ui.js";
 
 const FILTER_KEY = "prospero.filters";
 
 const STATUS_FILTERS = {
   all: { label: "All statuses", match: () => true },
+  awaiting: { label: "Awaiting approval", match: (s, a) => awaiting(a) },
   active: { label: "Running", match: (s) => s === "running" || s === "spawning" },
   idle: { label: "Awaiting input", match: (s) => s === "idle" },
   done: { label: "Done", match: (s) => s === "done" },
@@ -21,12 +24,17 @@ const STATUS_FILTERS = {
 };
 
 const METER = [
-  ["running", (s) => s === "running"],
+  ["awaiting", (s, a) => awaiting(a)],
+  ["running", (s, a) => s === "running" && !awaiting(a)],
   ["spawning", (s) => s === "spawning"],
   ["idle", (s) => s === "idle"],
   ["done", (s) => s === "done"],
   ["failed", (s) => s === "failed" || s === "crashed" || s === "killed"],
 ];
+
+function awaiting(a) {
+  return !["killed", "done", "failed", "crashed"].includes(a.status) && state.pendingFor(a) > 0;
+}
 
 function loadFilters() {
   const def = { q: "", status: "all", workspace: "", protocol: "" };
@@ -46,7 +54,7 @@ function saveFilters(f) {
 }
 
 function agentMatches(a, f) {
-  if (!(STATUS_FILTERS[f.status] || STATUS_FILTERS.all).match(a.status)) return false;
+  if (!(STATUS_FILTERS[f.status] || STATUS_FILTERS.all).match(a.status, a)) return false;
   if (f.protocol && (a.drive_protocol || "ndjson") !== f.protocol) return false;
   if (f.q) {
     const q = f.q.toLowerCase();
@@ -60,10 +68,10 @@ function totalsOf(id) {
   return state.store.totals[id] || null;
 }
 
-function stat(label, value, note, cls = "") {
+function stat(label, value, note, cls = "", title = undefined) {
   return h(
     "div",
-    { class: ["stat", cls] },
+    { class: ["stat", cls], title },
     h("div", { class: "stat-label" }, label),
     h("div", { class: "stat-value" }, value),
     note ? h("div", { class: "stat-note" }, note) : null,
@@ -72,7 +80,8 @@ function stat(label, value, note, cls = "") {
 
 function renderStats(el) {
   const ws = state.store.fleet?.workspaces || [];
-  const all = state.agents();
+  // An agent listed under two workspaces is one agent: counted once.
+  const all = [...new Map(state.agents().map((a) => [a.id, a])).values()];
   const unreachable = ws.filter((w) => w.health?.state === "unreachable").length;
   const running = all.filter((a) => a.status === "running" || a.status === "spawning").length;
   const idle = all.filter((a) => a.status === "idle").length;
@@ -93,14 +102,20 @@ function renderStats(el) {
     stat("Running", String(running), null, running ? "stat-running" : ""),
     stat("Awaiting input", String(idle), null, idle ? "stat-idle" : ""),
     dec.available
-      ? stat("Pending approvals", String(dec.items.size), null, dec.items.size ? "stat-warn" : "")
+      ? stat("Pending approvals", String(dec.items.size), `${plural(all.filter(awaiting).length, "agent")} waiting`, dec.items.size ? "stat-warn" : "")
       : null,
-    stat("Spend", fmtUsd(cost), tokens == null ? "tokens not reported" : `${fmtTokens(tokens)} tokens`),
+    stat(
+      "Spend",
+      fmtUsd(cost),
+      `${tokens == null ? "tokens not reported" : `${fmtTokens(tokens)} tokens`} · all time, listed agents`,
+      "stat-spend",
+      "Sum of the turns of the agents listed here, since they started. The usage page counts the same turns per UTC day within its window, including removed agents.",
+    ),
   );
 }
 
 function meter(agents) {
-  const counts = METER.map(([name, m]) => [name, agents.filter((a) => m(a.status)).length]);
+  const counts = METER.map(([name, m]) => [name, agents.filter((a) => m(a.status, a)).length]);
   const total = agents.length;
   const summary = counts
     .filter(([, n]) => n)
@@ -125,11 +140,13 @@ function agentRow(a) {
   const href = `#/agents/${encodeURIComponent(a.id)}`;
   const model = a.model || t?.model || "";
   const title = a.label || a.name || a.id;
+  const pending = state.pendingFor(a);
   const row = h(
     "tr",
     {
-      class: ["agent-row", `row-${a.status}`],
-      dataset: { agentId: a.id, status: a.status },
+      class: ["agent-row", `row-${a.status}`, awaiting(a) ? "row-awaiting" : null],
+      tabindex: "0",
+      dataset: { agentId: a.id, status: a.status, navItem: "agent" },
       on: {
         click: (e) => {
           if (e.target.closest("a")) return;
@@ -150,20 +167,21 @@ function agentRow(a) {
         ownerBadge(a.owner),
       ),
     ),
-    h("td", { class: "col-status" }, statusPill(a.status)),
-    h("td", { class: "col-proto" }, tag(a.drive_protocol || "ndjson", `proto-${a.drive_protocol || "ndjson"}`)),
-    h("td", { class: "col-posture" }, a.posture ? tag(a.posture, `posture-${a.posture}`) : h("span", { class: "muted" }, "—")),
-    h("td", { class: "col-model mono", title: model || "" }, model || "—"),
-    h("td", { class: "col-age", dataset: { since: a.started_at }, title: a.started_at }, fmtAge(a.started_at)),
+    h("td", { class: "col-status", dataset: { label: "Status" } }, agentPill(a.status, pending)),
+    h("td", { class: "col-proto", dataset: { label: "Protocol" } }, tag(a.drive_protocol || "ndjson", `proto-${a.drive_protocol || "ndjson"}`)),
+    h("td", { class: "col-posture", dataset: { label: "Posture" } }, a.posture ? tag(a.posture, `posture-${a.posture}`) : h("span", { class: "muted" }, "—")),
+    h("td", { class: "col-model mono", title: model || "", dataset: { label: "Model" } }, model || "—"),
+    h("td", { class: "col-age", dataset: { since: a.started_at, label: "Age" }, title: a.started_at }, fmtAge(a.started_at)),
     h(
       "td",
       {
         class: "col-num col-tokens",
         title: t ? `${t.input_tokens ?? "—"} in / ${t.output_tokens ?? "—"} out · ${t.turns} turns` : "",
+        dataset: { label: "Tokens" },
       },
       fmtTokens(tokens),
     ),
-    h("td", { class: "col-num col-cost" }, fmtUsd(t?.cost_usd)),
+    h("td", { class: "col-num col-cost", dataset: { label: "Cost" } }, fmtUsd(t?.cost_usd)),
   );
   return row;
 }
@@ -190,7 +208,7 @@ function workspaceCard(ws, f) {
         { class: "table-wrap" },
         h(
           "table",
-          { class: "agents" },
+          { class: "agents stacked" },
           h(
             "thead",
             {},
@@ -303,6 +321,7 @@ export function mount(root) {
     type: "search",
     placeholder: "Filter by id, label, model…",
     "aria-label": "Filter agents",
+    dataset: { search: "fleet" },
     props: { value: f.q },
     on: {
       input: () => {
@@ -376,7 +395,10 @@ export function mount(root) {
       );
       return;
     }
+    // Re-rendered rows are new elements: the one focused (j/k) keeps the focus.
+    const focused = document.activeElement?.closest?.("tr.agent-row")?.dataset.agentId;
     replace(listEl, ws.map((w) => workspaceCard(w, f)));
+    if (focused) listEl.querySelector(`tr.agent-row[data-agent-id="${CSS.escape(focused)}"]`)?.focus({ preventScroll: true });
   }
 
   function toggleAdd(on) {
@@ -421,7 +443,7 @@ export function mount(root) {
   );
 
   update();
-  const offs = [state.on("fleet", update), state.on("decisions", () => renderStats(statsEl))];
+  const offs = [state.on("fleet", update), state.on("decisions", update)];
   const ageTimer = setInterval(() => {
     for (const td of root.querySelectorAll("td[data-since]")) td.textContent = fmtAge(td.dataset.since);
   }, 15000);

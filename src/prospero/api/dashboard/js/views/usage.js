@@ -1,5 +1,8 @@
 // Usage: tokens, cost, turns, runs and outcomes per workspace per UTC day over 24 h / 7 d /
-// 30 d (GET /api/usage?days=N), as SVG charts plus a per-workspace table.
+// 30 d (GET /api/usage?days=N), as SVG charts plus a per-workspace table. Reloaded as turns
+// and runs end (the fleet's spend moves with every turn: this page must not lag behind it).
+// The spend is the one the fleet shows, per turn, but per UTC day within the window and with
+// removed agents: the stat says so.
 
 import { get } from "../api.js";
 import { barChart, areaChart } from "../charts.js";
@@ -14,6 +17,7 @@ const WINDOWS = [
   ["30", "30 d"],
 ];
 const OUTCOMES = ["done", "failed", "killed", "crashed"];
+const COLUMNS = ["Workspace", "Tokens in", "Tokens out", "Cost", "Turns", "Runs", "Done", "Failed", "Killed", "Crashed"];
 
 function daysBetween(since, until) {
   const out = [];
@@ -105,7 +109,11 @@ export function mount(root) {
       h(
         "div",
         { class: "stats" },
-        stat("Spend", costReported ? fmtUsd(total.cost_usd) : "—", costReported ? null : "not reported"),
+        stat(
+          "Spend",
+          costReported ? fmtUsd(total.cost_usd) : "—",
+          `${costReported ? "" : "not reported · "}whole UTC days in the window, removed agents included`,
+        ),
         stat("Tokens in", tokensReported ? fmtTokens(total.input_tokens) : "—"),
         stat("Tokens out", tokensReported ? fmtTokens(total.output_tokens) : "—"),
         stat("Turns", fmtInt(total.turns)),
@@ -146,8 +154,8 @@ export function mount(root) {
             { class: "card table-wrap" },
             h(
               "table",
-              { class: "agents usage-table" },
-              h("thead", {}, h("tr", {}, ["Workspace", "Tokens in", "Tokens out", "Cost", "Turns", "Runs", "Done", "Failed", "Killed", "Crashed"].map((c, i) => h("th", { class: i ? "col-num" : "" }, c)))),
+              { class: "agents usage-table stacked" },
+              h("thead", {}, h("tr", {}, COLUMNS.map((c, i) => h("th", { class: i ? "col-num" : "" }, c)))),
               h(
                 "tbody",
                 {},
@@ -155,13 +163,15 @@ export function mount(root) {
                   h(
                     "tr",
                     { dataset: { workspace: g.workspace } },
-                    h("td", {}, g.workspace),
-                    h("td", { class: "col-num" }, fmtTokens(g.input_tokens)),
-                    h("td", { class: "col-num" }, fmtTokens(g.output_tokens)),
-                    h("td", { class: "col-num" }, fmtUsd(g.cost_usd)),
-                    h("td", { class: "col-num" }, fmtInt(g.turns)),
-                    h("td", { class: "col-num" }, fmtInt(g.runs)),
-                    OUTCOMES.map((o) => h("td", { class: "col-num" }, fmtInt(g.outcomes?.[o] || 0))),
+                    [
+                      g.workspace,
+                      fmtTokens(g.input_tokens),
+                      fmtTokens(g.output_tokens),
+                      fmtUsd(g.cost_usd),
+                      fmtInt(g.turns),
+                      fmtInt(g.runs),
+                      ...OUTCOMES.map((o) => fmtInt(g.outcomes?.[o] || 0)),
+                    ].map((v, i) => h("td", { class: i ? "col-num" : "", dataset: { label: i ? COLUMNS[i] : null } }, v)),
                   ),
                 ),
               ),
@@ -187,9 +197,13 @@ export function mount(root) {
   let reloadTimer = null;
   const off = state.on("event", (ev) => {
     const k = ev.kind?.kind;
-    if (k === "agent_finished" || (k === "status_changed" && ["done", "failed", "killed", "crashed"].includes(ev.kind.to))) {
-      clearTimeout(reloadTimer);
-      reloadTimer = setTimeout(load, 500);
+    if (k === "turn_finished" || k === "agent_finished" || (k === "status_changed" && ["done", "failed", "killed", "crashed"].includes(ev.kind.to))) {
+      // At most one reload per half second, however busy the fleet (never starved).
+      if (reloadTimer) return;
+      reloadTimer = setTimeout(() => {
+        reloadTimer = null;
+        load();
+      }, 500);
     }
   });
   return () => {
