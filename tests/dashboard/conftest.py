@@ -2,16 +2,23 @@
 port + fake calibands on the Unix sockets discovery expects) driven by Debian's Chromium
 through Playwright (its pip package bundles the driver; browsers are never downloaded).
 
-Agents play scripts chosen by their prompt's first word (`paced:`, `xss:`, `slow:`, `tools:`),
-so a label stays free for the tests (the XSS test puts markup in it). ACP agents (stacks made
-with `allow_acp=True`, spawned with `drive_protocol="acp"`) play the scripted ACP peer's
-sessions chosen the same way (`ask:`, `twice:`; see `acp_script_for`).
+Agents play scripts chosen by their prompt's first word (`paced:`, `xss:`, `slow:`, `tools:`,
+`review:`, `mdxss:`), so a label stays free for the tests (the XSS test puts markup in it). ACP
+agents (stacks made with `allow_acp=True`, spawned with `drive_protocol="acp"`) play the
+scripted ACP peer's sessions chosen the same way (`ask:`, `twice:`, `review:`; see
+`acp_script_for`).
+
+Screenshots go to build/screenshots/; with PROSPERO_DOC_SHOTS=1, `Session.doc_shot` also
+writes the ones the docs show to docs/screenshots/ (committed; regenerated on demand, so a
+test run does not rewrite them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+from playwright.async_api import Browser, ConsoleMessage, Locator, Page, async_playwright, expect
 
 from prospero.api.app import create_app
 from prospero.api.server import ApiServer
@@ -33,6 +40,7 @@ from prospero.daemon.runtime import DaemonConfig, Runtime
 from prospero.testkit import acp_scripts as acp
 from prospero.testkit import scripts
 from prospero.testkit.fake_caliband import FakeCaliband
+from tests.dashboard import review_scripts as review
 from tests.support import REPO, short_tmpdir, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
@@ -48,6 +56,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SCREENSHOTS = REPO / "build" / "screenshots"
+DOC_SHOTS = REPO / "docs" / "screenshots" if os.environ.get("PROSPERO_DOC_SHOTS") == "1" else None
 # Playwright waits (ms): generous for a loaded CI box, still bounded.
 WAIT = 15_000
 expect.set_options(timeout=WAIT)
@@ -148,6 +157,10 @@ def script_for(spec: SpawnSpec) -> scripts.Script:
         ]
     if word == "tools":
         return scripts.tool_run_script(model=MODEL)
+    if word == "review":
+        return review.review_script()
+    if word == "mdxss":
+        return review.md_xss_script()
     return scripts.text_script(3)
 
 
@@ -178,10 +191,13 @@ def ask_steps(tid: str, title: str = ASK_TITLE, raw_input: Any = None) -> list[a
     ]
 
 
-def acp_script_for(spec: SpawnSpec) -> acp.AcpScript:
+def acp_script_for(spec: SpawnSpec, root: str = "") -> acp.AcpScript:
     """`ask:` one permission request; `twice:` the same request twice in one session (the
-    second comes after the first is answered); anything else: echo the prompt."""
+    second comes after the first is answered); `review:` a write and an edit with ACP diff
+    content (the edit asks); anything else: echo the prompt."""
     word = (spec.initial_prompt or "").split(":", 1)[0].strip()
+    if word == "review":
+        return review.acp_review_script(root)
     if word == "ask":
         return acp.AcpScript(
             turns=[[acp.text("Checking."), *ask_steps("call_run"), acp.stop("end_turn")]]
@@ -224,7 +240,7 @@ class DashStack:
                 socket_path_for(canon),
                 root=canon,
                 script_for=script_for,
-                acp_script_for=acp_script_for,
+                acp_script_for=functools.partial(acp_script_for, root=canon),
             )
         assert self.runtime.manager is not None
         await self.runtime.manager.add_workspace(name, str(root))
@@ -384,6 +400,21 @@ class Session:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         path = SCREENSHOTS / f"{name}.png"
         await self.page.screenshot(path=str(path), full_page=full_page)
+        return path
+
+    async def doc_shot(self, name: str, target: Locator | None = None) -> Path:
+        """A screenshot the docs show: of `target` (an element: small) or of the viewport,
+        in build/screenshots/ and, with PROSPERO_DOC_SHOTS=1, docs/screenshots/."""
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / f"{name}.png"
+        if target is not None:
+            await target.scroll_into_view_if_needed()
+            await target.screenshot(path=str(path), animations="disabled", caret="hide")
+        else:
+            await self.page.screenshot(path=str(path), animations="disabled", caret="hide")
+        if DOC_SHOTS is not None:
+            DOC_SHOTS.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, DOC_SHOTS / path.name)
         return path
 
     async def timeline_seqs(self) -> list[int]:

@@ -179,23 +179,3 @@ async def test_theme_cycles_and_persists(
     await expect(html).to_have_attribute("data-theme", "system")
     assert await page.evaluate("localStorage.getItem('prospero.theme')") == "system"
     await s.assert_clean()
-
-
-async def test_narrow_screen_layout(make_stack: StackFactory, open_session: SessionFactory) -> None:
-    stack = await make_stack()
-    agent_id = await stack.spawn("tools: read")
-    await stack.wait_status(agent_id, "done")
-    s = await open_session(stack, width=420, height=860)
-    page = s.page
-    await s.open()
-    await expect(page.locator(".ws-card")).to_have_count(1)
-    await s.shot("mobile-fleet", full_page=False)
-    await page.goto(f"{stack.url}/#/agents/{agent_id}")
-    await expect(page.locator(".tl-finished")).to_be_visible()
-    await expect(page.locator(".inspector")).to_be_hidden()
-    await page.locator(".tl-tool .tool-row").click()
-    await expect(page.locator(".inspector")).to_be_visible()
-    await s.shot("mobile-agent-inspector", full_page=False)
-    await page.get_by_role("button", name="Close inspector").click()
-    await expect(page.locator(".inspector")).to_be_hidden()
-    await s.assert_clean()
