@@ -27,3 +27,27 @@ def pg_server() -> Iterator[PgServer]:
 @pytest.fixture
 def pg_dsn(pg_server: PgServer) -> str:
     return pg_server.create_database()
+
+
+# Tests whose assertions bound wall-clock time against the machine's pace (lease TTLs,
+# takeovers within 2 x TTL, slow-client timeouts, SIGKILL schedules): `./run test` runs them
+# after the rest, alone, as CI always ran them; everything else runs on two xdist workers.
+SERIAL = (
+    "tests/faults/",
+    "tests/api/test_cluster_",
+    "tests/api/test_agent_owner_api.py",
+    "tests/api/test_k8s_cluster.py",
+    "tests/api/test_slow_clients.py",
+    "tests/core/test_leases.py",
+    "tests/core/test_fencing.py",
+    "tests/core/test_ndjson_tail_bell.py",
+    "tests/core/test_ndjson_exactness.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        rel = item.path.relative_to(root).as_posix()
+        if rel.startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
