@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prospero.core.fleet.manager import FleetConfig, FleetManager
@@ -44,9 +45,16 @@ class EmptyProvider:
     def __init__(self) -> None:
         self.listed: list[str] = []
 
+        self.during_listing: Callable[[], None] = lambda: None
+        self.listener: Callable[[str], None] | None = None
+
     async def list_agents(self, ws: RegisteredWorkspace) -> list[ListedAgent]:
         self.listed.append(ws.name)
+        self.during_listing()
         return []
+
+    def on_changed(self, listener: Callable[[str], None] | None) -> None:
+        self.listener = listener
 
     async def close(self) -> None:
         return None
@@ -112,6 +120,54 @@ async def test_a_workspace_registered_elsewhere_is_picked_up_while_others_back_o
         assert "other" in manager._workspaces
     finally:
         await manager.stop()
+
+
+async def test_a_pushed_change_is_one_poll_and_one_pushed_while_listing_is_one_more() -> None:
+    """`FleetProvider.on_changed` (k8s: the watch): a burst of pushes for a backed-off
+    workspace is one poll, without a registry read; a push that arrives while that poll lists
+    is polled again; a push for a workspace not in the registry is dropped."""
+    store = CountingConfigStore(RegisteredWorkspace(name="w", root="/w"))
+    manager, provider = manager_for(store, FleetConfig(poll_interval=1.0, poll_idle_backoff=8.0))
+    await manager._poll_due()
+    assert (store.lists, provider.listed) == (1, ["w"])
+    now = time.monotonic()
+    manager._due["w"], manager._registry_due = now + FAR, now + FAR
+
+    manager._wake.clear()
+    for _ in range(50):
+        manager._pushed_change("w")
+    manager._pushed_change("elsewhere")
+    assert manager._wake.is_set() and manager._pushed == {"w"}
+    await manager._poll_due()
+    assert (store.lists, provider.listed) == (1, ["w", "w"])
+    await manager._poll_due()  # nothing pushed since, nothing due
+    assert provider.listed == ["w", "w"]
+
+    provider.during_listing = lambda: manager._pushed_change("w")
+    manager._pushed_change("w")
+    manager._wake.clear()
+    await manager._poll_due()
+    assert provider.listed == ["w", "w", "w"]
+    assert manager._pushed == {"w"} and manager._wake.is_set()  # pushed while it listed
+    provider.during_listing = lambda: None
+    await manager._poll_due()
+    assert provider.listed == ["w", "w", "w", "w"] and not manager._pushed
+    assert store.lists == 1
+    assert manager._due["w"] > time.monotonic()  # the timer, rescheduled from each poll
+
+
+async def test_the_manager_listens_while_its_poll_loop_runs() -> None:
+    store = CountingConfigStore(RegisteredWorkspace(name="w", root="/w"))
+    manager, provider = manager_for(store, FleetConfig(poll_interval=30.0))
+    await manager.start(poll=True)
+    try:
+        await wait_until(lambda: provider.listed == ["w"], what="first poll")
+        assert provider.listener is not None
+        provider.listener("w")  # long before the 30 s timer
+        await wait_until(lambda: provider.listed == ["w", "w"], 2, what="the pushed poll")
+    finally:
+        await manager.stop()
+    assert provider.listener is None
 
 
 def _record(status: AgentStatus = AgentStatus.running) -> ListedAgent:

@@ -75,6 +75,7 @@ from prospero.core.fleet.k8s_records import (
     with_pod_truth,
 )
 from prospero.core.fleet.k8s_tasks import CalibanTaskResource, TaskCache, kube_errors
+from prospero.core.fleet.provider import ChangeListener
 from prospero.core.fleet.records import AgentSpec, ListedAgent, SpawnOutcome
 from prospero.core.transport import Address, NetworkSecurity, address_of
 from prospero.core.wire.control import AgentRecord, TcpEndpoint
@@ -403,6 +404,11 @@ class K8sFleet:
 
     async def restart(self, ws: RegisteredWorkspace) -> None:
         """Nothing to do: the operator reconciles a changed Workspace CR itself."""
+
+    def on_changed(self, listener: ChangeListener | None) -> None:
+        """The watch's push: `listener(workspace)` whenever an event (or a relist) changes one
+        of the workspace's CRs (`TaskCache.listener`; the watch starts with the first listing)."""
+        self.cache.listener = listener
 
     async def forget(self, ws_name: str) -> None:
         """Nothing cached per workspace."""

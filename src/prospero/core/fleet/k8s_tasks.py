@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn
 
 import httpx2
@@ -98,6 +98,18 @@ def _rv_int(rv: str | None) -> int | None:
         return None
 
 
+def _rv_of(task: CalibanTask | None) -> str | None:
+    return task.metadata.resource_version if task is not None else None
+
+
+def _workspace_of(obj: dict[str, object]) -> str | None:
+    """The workspace a raw CalibanTask names (also one that does not decode)."""
+    spec = obj.get("spec")
+    ref = spec.get("workspaceRef") if isinstance(spec, dict) else None
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) else None
+
+
 class TaskCache:
     """The namespace's CalibanTasks, kept by one list + watch loop (client-go's reflector, small).
 
@@ -116,7 +128,12 @@ class TaskCache:
     a clean end, hiding what this loop has to see.
 
     The provider's own writes are read back: `expect_rv` (an apply's resourceVersion) and
-    `expect_gone` (a delete) make `caught_up()` false until the watch has delivered them."""
+    `expect_gone` (a delete) make `caught_up()` false until the watch has delivered them.
+
+    `listener` (set by `K8sFleet.on_changed`) is called with the workspace of every CR an
+    event added, changed or deleted (both workspaces if a change moved it), and with those of
+    the CRs a relist found changed, after the cache holds the change: a listing it prompts
+    reads it."""
 
     backoff_initial = 0.1
     backoff_max = 10.0
@@ -136,6 +153,8 @@ class TaskCache:
         self.error: ProsperoError | None = None
         # set whenever the cache changes; never cleared here (a consumer clears it)
         self.changed = asyncio.Event()
+        # called with each workspace whose CRs an event or a relist changed (`K8sFleet.on_changed`)
+        self.listener: Callable[[str], None] | None = None
         self.lists = 0  # LISTs done by the loop
         self.expired = 0  # 410 Gone: relists forced
         self.bookmarks = 0
@@ -218,11 +237,19 @@ class TaskCache:
                 await wait_for(tick.wait(), left)
         return True
 
-    def _notify(self, changed: bool) -> None:
+    def _notify(self, changed: bool, workspaces: Iterable[str | None] = ()) -> None:
         tick, self._tick = self._tick, asyncio.Event()
         tick.set()
         if changed:
             self.changed.set()
+        listener = self.listener
+        if listener is None:
+            return
+        for name in {w for w in workspaces if w}:
+            try:
+                listener(name)
+            except Exception:  # a listener's bug must not end the watch
+                log.exception("CalibanTask change listener failed for workspace %s", name)
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -282,10 +309,16 @@ class TaskCache:
                 tasks[decoded[0].name] = decoded[0]
             else:
                 skewed.add(str((item.get("metadata") or {}).get("name", "?")))
+        before = self.tasks
         self.tasks, self.skewed, self.resource_version = tasks, skewed, rv
         self.synced, self.error = True, None
         self.lists += 1
-        self._notify(True)
+        moved: list[str] = []  # the workspaces of the CRs this listing changed
+        for n in before.keys() | tasks.keys():
+            was, now = before.get(n), tasks.get(n)
+            if _rv_of(was) != _rv_of(now):
+                moved += [t.spec.workspace_ref.name for t in (was, now) if t is not None]
+        self._notify(True, moved)
 
     async def _watch(self) -> bool:
         """One WATCH request from `resource_version`, to its end. True if it made progress (a
@@ -351,6 +384,8 @@ class TaskCache:
             self._notify(False)
             return
         name = str(meta.get("name", "?")) if isinstance(meta, dict) else "?"
+        before = self.tasks.get(name)
+        touched = [_workspace_of(obj), before.spec.workspace_ref.name if before else None]
         if kind in ("ADDED", "MODIFIED"):
             decoded, _ = decode_items(CalibanTask, [obj])
             if decoded:
@@ -367,4 +402,4 @@ class TaskCache:
             log.debug("ignoring CalibanTask watch event of type %r", kind)
         if rv:
             self.resource_version = str(rv)
-        self._notify(True)
+        self._notify(True, touched)

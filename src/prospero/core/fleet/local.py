@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from prospero.core.caliband_client import CalibandClient
 from prospero.core.discovery import ensure_caliband
 from prospero.core.errors import FleetUnreachable, TransportError
+from prospero.core.fleet.provider import ChangeListener
 from prospero.core.fleet.records import AgentSpec, ListedAgent, SpawnOutcome
 from prospero.core.provider_env import resolve_env
 from prospero.core.transport import (
@@ -214,6 +215,9 @@ class LocalFleet:
             await close_writer(w)
             await asyncio.sleep(0.05)
         log.warning("caliband for %s still accepts connections after shutdown", ws.name)
+
+    def on_changed(self, listener: ChangeListener | None) -> None:
+        """Never called: caliband has no push, so the manager's timer polls."""
 
     async def forget(self, ws_name: str) -> None:
         self._clients.pop(ws_name, None)

@@ -124,6 +124,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         self._health: dict[str, WorkspaceHealth] = {}
         self._listed: dict[str, dict[str, ListedAgent]] = {}
         self._lifecycle_terms: dict[str, int] = {}  # polling.py: `_claim_lifecycle`
+        self._health_terms: dict[str, int] = {}  # polling.py: `_rebase_health`
         self._slots: dict[str, AgentSlot] = {}
         self._registry_lock = asyncio.Lock()
         self._poll_locks: dict[str, asyncio.Lock] = {}
@@ -132,6 +133,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         # it last changed or saw activity, and when the poll loop looks at it next.
         self._changed_at: dict[str, float] = {}
         self._due: dict[str, float] = {}
+        self._pushed: set[str] = set()  # the provider saw them change (`on_changed`)
         self._wake = asyncio.Event()  # a backed-off workspace became busy: reschedule now
         self._registry_due = 0.0  # when the poll loop re-reads the registry at the latest
         self._closing_tasks: set[asyncio.Task[None]] = set()
@@ -143,11 +145,15 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
     async def start(self, *, poll: bool = True) -> None:
         await self._reload_registry()
         if poll:
+            # A backend with push (k8s: the CalibanTask watch) wakes the loop for a workspace
+            # whose agents changed; the timer stays the fallback.
+            self.provider.on_changed(self._pushed_change)
             self._poll_task = asyncio.create_task(self._poll_loop(), name="fleet-poll")
 
     async def stop(self) -> None:
         self._stopping = True
         if self._poll_task is not None:
+            self.provider.on_changed(None)
             self._poll_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poll_task

@@ -1,7 +1,9 @@
 """The FleetManager's poll loop and what a poll does: list a workspace's agents through the
 provider, diff the listing into lifecycle events (discovered, status changed, gone), start or
 nudge drivers, and keep the workspace's health. Quiet workspaces are polled less often
-(`FleetConfig.poll_idle_backoff` / `poll_quiet_after`); any activity resets them (`_touch`)."""
+(`FleetConfig.poll_idle_backoff` / `poll_quiet_after`); any activity resets them (`_touch`). A
+provider with push (k8s) has a workspace polled as soon as it reports a change for it
+(`_pushed_change`); the timer stays the fallback."""
 
 from __future__ import annotations
 
@@ -69,24 +71,39 @@ class Polling(FleetState):
 
     async def _poll_due(self) -> None:
         now = time.monotonic()
-        if now < self._registry_due and all(
-            self._due.get(name, 0.0) > now for name in self._workspaces
-        ):
+        timed = now >= self._registry_due or any(
+            self._due.get(name, 0.0) <= now for name in self._workspaces
+        )
+        if not timed and not self._pushed:
             return  # woken early (`_touch` of a workspace already due soon): nothing to do
-        self._registry_due = now + self._registry_interval()
-        await self._reload_registry()
+        if timed:  # a pushed change alone does not re-read the registry
+            self._registry_due = now + self._registry_interval()
+            await self._reload_registry()
         for name in list(self._workspaces):
             if self._stopping:
                 return
-            if self._due.get(name, 0.0) > time.monotonic():
+            if self._due.get(name, 0.0) > time.monotonic() and name not in self._pushed:
                 continue
+            # Unmarked before the poll: a change pushed while it lists marks it again.
+            self._pushed.discard(name)
             await self._poll(name)
             now = time.monotonic()
             self._due[name] = now + self._interval(name, now)
-        # Counted from the cycle's end: a workspace backed off to the same interval is due
-        # first, and its poll re-reads the registry (one wakeup, not two).
-        self._registry_due = time.monotonic() + self._registry_interval()
+        self._pushed &= self._workspaces.keys()
+        if timed:
+            # Counted from the cycle's end: a workspace backed off to the same interval is
+            # due first, and its poll re-reads the registry (one wakeup, not two).
+            self._registry_due = time.monotonic() + self._registry_interval()
         self._close_stale_drivers()
+
+    def _pushed_change(self, name: str) -> None:
+        """The provider saw the workspace's agents change (`FleetProvider.on_changed`: the
+        k8s watch): poll it at the loop's next turn, whatever its timer says. Coalesced: a
+        burst of pushes only marks it and sets `_wake`, so it is one poll; one pushed while
+        that poll lists marks it again, for one more (the listing may have missed it)."""
+        if name in self._workspaces and not self._stopping:
+            self._pushed.add(name)
+            self._wake.set()
 
     def _touch(self, name: str) -> None:
         """Something happened in the workspace (an agent event, an API action, a driver run
@@ -144,11 +161,14 @@ class Polling(FleetState):
                 records = await self.provider.list_agents(ws)
             except ProsperoError as e:  # FleetUnreachable, ProtocolError, ...
                 self.metrics.inc(m.POLL_FAILURES, 1, (name,))
+                if term is not None:
+                    await self._rebase_health(name, term)
                 await self._set_health(name, Unreachable(reason=str(e)))
                 if not isinstance(health, Unreachable):
                     self._touch(name)
                 return
             if term is not None:
+                await self._rebase_health(name, term)
                 await self._rebase_lifecycle(name, term)
             await self._set_health(name, Healthy())
             listed = self._listed.get(name)
@@ -208,6 +228,35 @@ class Polling(FleetState):
                 slot.status = recorded[agent_id]
             elif agent_id not in last:  # nobody announced it: the next poll checks again
                 slot.discover_pending = True
+
+    async def _rebase_health(self, name: str, epoch: int) -> None:
+        """A new term as the workspace's lifecycle writer (once per term, even while its
+        listings fail): the health the next poll diffs against becomes the state of the
+        workspace's last stored `repo_health` (none stored: no baseline, so an outage is
+        recorded and a healthy workspace is not), not this replica's silent view. So an
+        outage that began or ended in the handover gap is recorded once, and one the previous
+        writer recorded is not recorded again. Standalone: nothing to rebase. On a store
+        error the term is tried again at the next poll (this poll diffs against the view)."""
+        if self._health_terms.get(name) == epoch:
+            return
+        if not self.ownership.shared:
+            self._health_terms[name] = epoch
+            return
+        key = stream_key_for(name, "")
+        try:
+            scan = await self.store.scan_kinds([key], ("repo_health",))
+        except ProsperoError as e:
+            log.warning("workspace %s: health not rebased on the store: %s", name, e)
+            return
+        stored: WorkspaceHealth | None = None
+        for _key, _seq, raw in scan.rows:  # ascending: the last one stands
+            with contextlib.suppress(orjson.JSONDecodeError, TypeError, ValueError):
+                stored = RepoHealth.model_validate(orjson.loads(raw)).state
+        self._health_terms[name] = epoch
+        if stored is None:
+            self._health.pop(name, None)
+        else:
+            self._health[name] = stored
 
     def _writes_lifecycle(self, name: str) -> bool:
         return self.ownership.owns(workspace_key(name))

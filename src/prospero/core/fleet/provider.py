@@ -11,6 +11,7 @@ translates its own records and failures at its boundary (a backend that cannot b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from prospero.core.fleet.records import AgentSpec, ListedAgent, SpawnOutcome
@@ -18,7 +19,17 @@ from prospero.core.transport import Address, NetworkSecurity
 from prospero.types.k8s import K8sWorkspaceView, WorkspaceAccepted, WorkspaceConfig
 from prospero.types.model import RegisteredWorkspace, Source
 
-__all__ = ["AgentSpec", "FleetProvider", "ListedAgent", "SpawnOutcome", "WorkspaceAdmin"]
+__all__ = [
+    "AgentSpec",
+    "ChangeListener",
+    "FleetProvider",
+    "ListedAgent",
+    "SpawnOutcome",
+    "WorkspaceAdmin",
+]
+
+ChangeListener = Callable[[str], None]
+"""`changed(workspace_name)`: the backend saw that workspace's agents change."""
 
 
 @runtime_checkable
@@ -51,6 +62,15 @@ class FleetProvider(Protocol):
 
     async def forget(self, ws_name: str) -> None:
         """Drop cached clients for a removed workspace (does not stop anything)."""
+        ...
+
+    def on_changed(self, listener: ChangeListener | None) -> None:
+        """Register the one `listener` (None: unregister) a backend with push calls, on the
+        event loop and without blocking, with a workspace's name when it learns that the
+        workspace's agents changed (K8sFleet: a watch event of one of its CalibanTasks), so
+        the manager polls it at once instead of at its next timer. A hint, never the only
+        signal: the manager's timer still polls (a lost push heals). LocalFleet never calls
+        it: caliband has no push."""
         ...
 
     def security(self, ws: RegisteredWorkspace) -> NetworkSecurity | None:

@@ -176,14 +176,19 @@ class FleetState:
     # Clustered: the lifecycle lease epoch of each workspace this replica has written under
     # (and rebased its view on the store for: polling.py `_rebase_lifecycle`).
     _lifecycle_terms: dict[str, int]
+    # Clustered: the lease epoch under which each workspace's health baseline was last read
+    # from the store (polling.py `_rebase_health`).
+    _health_terms: dict[str, int]
     _slots: dict[str, AgentSlot]
     _poll_locks: dict[str, asyncio.Lock]
     _catchup: CatchUpGate
     # Poll scheduling (polling.py): when each workspace last changed or saw activity, when the
-    # poll loop looks at it next, the event that reschedules the loop, and when the loop
-    # re-reads the registry at the latest.
+    # poll loop looks at it next, the workspaces the provider pushed a change for (polled at
+    # the loop's next turn), the event that reschedules the loop, and when the loop re-reads
+    # the registry at the latest.
     _changed_at: dict[str, float]
     _due: dict[str, float]
+    _pushed: set[str]
     _wake: asyncio.Event
     _registry_due: float
     _closing_tasks: set[asyncio.Task[None]]
