@@ -318,8 +318,11 @@ async def test_attach_spawns_the_pod_agent_once_and_overlays_its_status(
 ) -> None:
     h = harness
     reply = await h.provider.spawn(h.workspace, h.long_running_spec(tool_allowlist=("Read",)))
-    with contextlib.suppress(InvalidState):  # may still be provisioning: refused, typed
+    attaches = 1
+    try:
         await h.provider.attach(h.workspace, reply.id)
+    except InvalidState:  # may still be provisioning: refused, typed (the pod not asked)
+        attaches = 0
 
     async def running() -> bool:
         recs = await h.provider.list_agents(h.workspace)
@@ -341,6 +344,10 @@ async def test_attach_spawns_the_pod_agent_once_and_overlays_its_status(
         (reply.id, "long task", ["Read"])
     ]
     (pod_id,) = pod.agents
+    # the attach that spawned the pod's agent answered the endpoint of the `spawned` reply:
+    # the worker runs from then on and a remote agent's lines are only in its replay until it
+    # exits, so no round trip comes before the driver's dial; the next ones look it up
+    assert pod.received_attach_ids == [pod_id] * (attaches + 1)
     pod.set_status(pod_id, "idle")  # the pod's truth wins over the CR's perpetual Running
     (rec,) = await h.provider.list_agents(h.workspace)
     assert rec.status == AgentStatus.idle

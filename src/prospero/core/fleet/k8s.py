@@ -364,7 +364,12 @@ class K8sFleet:
                         "attach", agent_id, records[0].status.value, "the pod's agent has ended"
                     )
                 else:
-                    pod_id = (await client.spawn(pod_spawn_spec(task))).id
+                    # The worker runs from this moment on, and a remote agent has no
+                    # transcript here: its lines are only in its replay, and only until it
+                    # exits (~100 ms after its RunEnd). So the driver dials the endpoint the
+                    # `spawned` reply carries (§4.1) at once, without another round trip.
+                    spawned = await client.spawn(pod_spawn_spec(task))
+                    return address_of(spawned.endpoint)
             return address_of(await client.attach(pod_id))
 
     async def kill(self, ws: RegisteredWorkspace, agent_id: str) -> None:
