@@ -26,8 +26,12 @@ def empty(status: int) -> Response:
 
 
 def clean_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """RepoProviderConfig on output: absent/empty fields are omitted (surface §1.3)."""
-    return {k: v for k, v in cfg.items() if v is not None and v != {}}
+    """RepoProviderConfig on output: absent/empty fields are omitted (surface §1.3), in the
+    nested `caliband` endpoint too."""
+    out = {k: v for k, v in cfg.items() if v is not None and v != {}}
+    if isinstance(out.get("caliband"), dict):
+        out["caliband"] = {k: v for k, v in out["caliband"].items() if v is not None}
+    return out
 
 
 def clean_workspace(ws: dict[str, Any]) -> dict[str, Any]:

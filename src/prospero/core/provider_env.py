@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from prospero.core.caliband_net import network_config
 from prospero.core.errors import ProviderMisconfigured
 from prospero.types.model import RepoProviderConfig
 
@@ -31,6 +32,8 @@ def validate_config(cfg: RepoProviderConfig) -> None:
     for key in cfg.env:
         if not key or "=" in key:
             raise ProviderMisconfigured(f"invalid environment variable name {key!r}")
+    if cfg.caliband is not None:
+        network_config(cfg.caliband)  # InvalidConfig (400): address, files readable
 
 
 def resolve_env(

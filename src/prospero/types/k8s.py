@@ -23,7 +23,7 @@ from prospero.types.model import RepoProviderConfig
 from prospero.types.text import Name
 
 K8S_ONLY_FIELDS = ("display_name", "sources", "providers", "default_provider", "isolation")
-LOCAL_ONLY_FIELDS = ("provider", "base_url", "api_key_from_env")
+LOCAL_ONLY_FIELDS = ("provider", "base_url", "api_key_from_env", "caliband")
 
 
 class K8sSource(BaseModel):
@@ -93,6 +93,7 @@ class WorkspaceConfig(RepoProviderConfig):
             base_url=self.base_url,
             api_key_from_env=self.api_key_from_env,
             env=dict(self.env),
+            caliband=self.caliband,
         )
 
 

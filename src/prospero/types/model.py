@@ -61,6 +61,42 @@ def _env_schema(schema: JsonDict) -> None:
     schema["propertyNames"] = {"minLength": 1, "pattern": ENV_NAME_PATTERN}
 
 
+class CalibandEndpointConfig(BaseModel):
+    """A workspace's own networked caliband (local backend), instead of prosperod's default
+    (`--caliband-addr`, else Unix discovery of the root's caliband). Files are named, never
+    read into the config: the token stays in its file and is never stored or echoed. Checked
+    at add/config time (a bad `host:port`, a relative or unreadable file: 400, nothing
+    stored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    addr: Name = Field(
+        min_length=1, max_length=300, description="HOST:PORT (or [v6]:PORT) of caliband's TCP listener"
+    )
+    ca_file: Name | None = Field(
+        default=None,
+        max_length=4096,
+        description="absolute path of a PEM CA to verify caliband with (enables TLS)",
+    )
+    token_file: Name | None = Field(
+        default=None,
+        max_length=4096,
+        description="absolute path of the bearer token file (needs ca_file); read when dialling",
+    )
+    server_name: Name | None = Field(
+        default=None, max_length=253, description="TLS server name (default: caliband)"
+    )
+    source: Name | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description=(
+            "the caliban source (a directory of caliband's workspace root) this workspace's "
+            "spawns run in, for a workspace whose root is that source (absent: caliband's root)"
+        ),
+    )
+
+
 class RepoProviderConfig(BaseModel):
     """Per-workspace provider config. Optional keys are omitted on output."""
 
@@ -70,6 +106,13 @@ class RepoProviderConfig(BaseModel):
     base_url: Name | None = None
     api_key_from_env: Name | None = None
     env: dict[Name, FreeText] = Field(default_factory=dict, json_schema_extra=_env_schema)
+    caliband: CalibandEndpointConfig | None = Field(
+        default=None,
+        description=(
+            "local backend: this workspace's own networked caliband (absent: prosperod's "
+            "default, --caliband-addr or the root's caliband over its Unix socket)"
+        ),
+    )
 
 
 class Source(BaseModel):

@@ -193,6 +193,7 @@ function configSummary(cfg) {
   if (cfg?.api_key_from_env) bits.push(`key from $${cfg.api_key_from_env}`);
   const envN = Object.keys(cfg?.env || {}).length;
   if (envN) bits.push(plural(envN, "env var"));
+  if (cfg?.caliband?.addr) bits.push(`caliband ${cfg.caliband.addr}`);
   return bits.length ? bits.join(" · ") : "default provider config";
 }
 
@@ -275,6 +276,13 @@ function addWorkspaceForm(onDone) {
   const name = h("input", { class: "input", name: "name", required: true, placeholder: "payments-api", pattern: "[A-Za-z0-9][A-Za-z0-9._-]*" });
   const root = h("input", { class: "input", name: "root", required: true, placeholder: "/home/me/dev/payments-api" });
   const submit = h("button", { type: "submit", class: "btn btn-primary" }, "Add workspace");
+  // Optional: the workspace's own networked caliband (else prosperod's default).
+  const net = {
+    addr: h("input", { class: "input mono", name: "caliband_addr", placeholder: "host:port" }),
+    ca_file: h("input", { class: "input mono", name: "caliband_ca_file", placeholder: "/etc/caliband/ca.pem" }),
+    token_file: h("input", { class: "input mono", name: "caliband_token_file", placeholder: "/etc/caliband/token" }),
+    server_name: h("input", { class: "input mono", name: "caliband_server_name", placeholder: "caliband" }),
+  };
   const form = h(
     "form",
     {
@@ -284,7 +292,13 @@ function addWorkspaceForm(onDone) {
           e.preventDefault();
           submit.disabled = true;
           try {
-            await post("/api/workspaces", { name: name.value.trim(), root: root.value.trim() });
+            const body = { name: name.value.trim(), root: root.value.trim() };
+            const caliband = {};
+            for (const [k, input] of Object.entries(net)) {
+              if (input.value.trim()) caliband[k] = input.value.trim();
+            }
+            if (Object.keys(caliband).length) body.config = { caliband };
+            await post("/api/workspaces", body);
             banner(`Workspace ${name.value.trim()} added`, "ok");
             await state.refreshFleet();
             onDone();
@@ -304,7 +318,25 @@ function addWorkspaceForm(onDone) {
       h("label", { class: "field grow" }, h("span", { class: "field-label" }, "Root directory"), root),
       h("div", { class: "field field-end" }, submit),
     ),
-    h("p", { class: "hint" }, "Prospero finds (or autostarts) the caliband serving that root."),
+    h(
+      "details",
+      { class: "ws-caliband" },
+      h("summary", {}, "Networked caliband (optional)"),
+      h(
+        "div",
+        { class: "form-row" },
+        h("label", { class: "field" }, h("span", { class: "field-label" }, "Address"), net.addr),
+        h("label", { class: "field grow" }, h("span", { class: "field-label" }, "CA file"), net.ca_file),
+        h("label", { class: "field grow" }, h("span", { class: "field-label" }, "Token file"), net.token_file),
+        h("label", { class: "field" }, h("span", { class: "field-label" }, "TLS server name"), net.server_name),
+      ),
+    ),
+    h(
+      "p",
+      { class: "hint" },
+      "Prospero finds (or autostarts) the caliband serving that root, or dials the networked one " +
+        "given (files on prosperod's host; the token stays in its file).",
+    ),
   );
   return form;
 }

@@ -69,6 +69,7 @@ export function mount(root, { params }) {
             env[k] = v;
           }
           if (Object.keys(env).length) body.env = env;
+          if (cfg.caliband) body.caliband = cfg.caliband; // kept: this form does not edit it
           await busy(save, async () => {
             try {
               await put(`/api/workspaces/${enc(name)}/config`, body);
@@ -109,6 +110,7 @@ export function mount(root, { params }) {
         { class: "kv-list" },
         h("div", { class: "kv" }, h("dt", {}, "Root"), h("dd", { class: "mono" }, w.root)),
         h("div", { class: "kv" }, h("dt", {}, "Sources"), h("dd", {}, (w.sources || []).map((s) => `${s.name} (${s.path})`).join(", ") || "—")),
+        h("div", { class: "kv" }, h("dt", {}, "Caliband"), h("dd", { class: "mono" }, w.config?.caliband ? `${w.config.caliband.addr}${w.config.caliband.ca_file ? " (TLS)" : ""}` : "prosperod's default")),
         h("div", { class: "kv" }, h("dt", {}, "Agents"), h("dd", {}, String((w.agents || []).length))),
         w.health?.state === "unreachable" ? h("div", { class: "kv" }, h("dt", {}, "Reason"), h("dd", {}, w.health.reason || "")) : null,
       ),
