@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from prospero.core.fleet.local import CalibandNetworkConfig
 from prospero.core.sources import canonical_root
+from prospero.core.transport import NetworkSecurity
 from prospero.testkit.certs import make_certs
 from prospero.testkit.fake_caliband import FakeCaliband
 from tests.api.conftest import Stack, StackFactory, script_for
@@ -147,6 +149,30 @@ async def test_workspaces_on_two_networked_calibands_and_a_local_one(
         assert r.status_code == 204, r.text
         await wait_agents(stack, "right", set())
         assert await agent_ids(stack, "left") == {pre_left.id, spawned["left"]}
+
+
+async def test_the_daemon_wide_caliband_stays_the_default(
+    make_stack: StackFactory, tmp_path: Path
+) -> None:
+    async with (
+        networked(tmp_path, "hosta") as (fake_a, cfg_a),
+        networked(tmp_path, "hostb") as (fake_b, cfg_b),
+    ):
+        default = CalibandNetworkConfig(
+            endpoint=fake_b.endpoint,  # type: ignore[arg-type]
+            security=NetworkSecurity.from_files(cfg_b["ca_file"], cfg_b["token_file"]),
+        )
+        stack = await make_stack(workspace=False, caliband_network=default)
+        assert (await add(stack, "dflt", tmp_path / "hostb", None)).status_code == 201
+        assert (await add(stack, "edge", tmp_path / "hosta", cfg_a)).status_code == 201
+        on_b = await stack.spawn("hello", ws="dflt")
+        on_a = await stack.spawn("hello", ws="edge")
+        assert on_b in fake_b.agents and on_b not in fake_a.agents
+        assert on_a in fake_a.agents and on_a not in fake_b.agents
+        for agent_id in (on_a, on_b):
+            await stack.wait_finished(agent_id, T)
+        await wait_agents(stack, "dflt", {on_b})
+        await wait_agents(stack, "edge", {on_a})
 
 
 @pytest.mark.parametrize(
