@@ -8,6 +8,7 @@ and how long a supervised ask may wait.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +56,23 @@ class Decision(BaseModel):
         if option_id is None:
             return None
         return next((o for o in self.options if o.id == option_id), None)
+
+
+def option_for(
+    options: Sequence[DecisionOption], action: str, prefer: str | None = None
+) -> DecisionOption | None:
+    """The option that answers `allow` / `reject`: `prefer` (an option kind) if offered, else
+    the `*_once` one, else the `*_always` one, else any option of that family. (The CLI picks
+    its answer with this; `core.decisions.policy.option_for` is the same rule, for now a copy.)"""
+    kinds = [k for k in (prefer, f"{action}_once", f"{action}_always") if k]
+    for kind in kinds:
+        for opt in options:
+            if opt.kind == kind:
+                return opt
+    for opt in options:
+        if opt.kind.startswith(f"{action}_"):
+            return opt
+    return None
 
 
 class DecideBody(BaseModel):
