@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import prospero
 from prospero.core.errors import InvalidConfig
 from prospero.core.fleet.local import CalibandNetworkConfig
 from prospero.core.ratecard import DEFAULT_RATES, Rate, RateCard
@@ -395,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.add_argument("--config", metavar="FILE", help="TOML config file (env: PROSPERO_CONFIG)")
+    p.add_argument("--version", action="version", version=f"prosperod {prospero.__version__}")
     for s in SETTINGS:
         if s.key == "api_token":
             continue  # never on the command line (it would show in `ps`)
