@@ -307,7 +307,10 @@ async def test_the_cli_applies_k8s_workspaces_and_shows_their_phase(
     assert "applied Workspace CR 'app' (generation 1, not reconciled yet: phase Pending)" in said
     await wait_ready(stack, "app", 1)
     res = await run("workspace", "list")
-    assert res.exit_code == 0 and "phase=Ready" in res.output, res.output
+    assert res.exit_code == 0, res.output
+    header, *rows = [ln.split() for ln in res.stdout.splitlines()]
+    assert header == ["NAME", "HEALTH", "AGENTS", "PROVIDER", "PHASE", "ROOT"], res.output
+    assert rows[0][0] == "app" and rows[0][4] == "Ready", res.output
 
     config.write_text(json.dumps({**K8S_CONFIG, "display_name": "Renamed"}))
     res = await run("workspace", "config", "app", "--file", str(config))

@@ -244,22 +244,37 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
 
 
 class Cli:
-    """Runs the real CLI app in-process (typer's CliRunner) against a given address."""
+    """Runs the real CLI app in-process (typer's CliRunner) against a given address, with a
+    config folder of its own (XDG_CONFIG_HOME: no context of the machine's user applies)."""
 
-    def __init__(self, addr: str) -> None:
+    def __init__(self, addr: str, config_home: Path | None = None) -> None:
         self.addr = addr
         self.runner = CliRunner()
+        self.config_home = config_home or Path(short_tmpdir())
 
     def __call__(
-        self, *args: str, addr: str | None = None, input: str | None = None, token: str = ""
+        self,
+        *args: str,
+        addr: str | None = None,
+        input: str | None = None,
+        token: str = "",
+        env: dict[str, str | None] | None = None,
     ) -> Any:
-        env = {"PROSPERO_ADDR": addr or self.addr, "PROSPERO_API_TOKEN": token, "NO_COLOR": "1"}
-        return self.runner.invoke(cli_app, list(args), env=env, input=input)
+        full: dict[str, str | None] = {
+            "PROSPERO_ADDR": addr if addr is not None else self.addr,
+            "PROSPERO_API_TOKEN": token,
+            "PROSPERO_CONTEXT": None,
+            "PROSPERO_CLI_CONFIG": None,
+            "XDG_CONFIG_HOME": str(self.config_home),
+            "NO_COLOR": "1",
+            **(env or {}),
+        }
+        return self.runner.invoke(cli_app, list(args), env=full, input=input)
 
 
 @pytest.fixture(scope="module")
-def cli(live: LiveStack) -> Cli:
-    return Cli(live.url)
+def cli(live: LiveStack, tmp_path_factory: pytest.TempPathFactory) -> Cli:
+    return Cli(live.url, tmp_path_factory.mktemp("xdg"))
 
 
 def free_port() -> int:

@@ -31,13 +31,17 @@ def test_adopt_starts_driving_an_acp_agent_spawned_elsewhere(acp_live: LiveStack
     )
     listener = fake.acp_listeners[rec.id]
     agent = acp_live.wait_for(lambda: acp_live.agent(rec.id), what="listed")
-    assert (agent["drive_protocol"], agent["spawned_here"], agent["adopted"]) == ("acp", False, False)
+    assert (agent["drive_protocol"], agent["spawned_here"], agent["adopted"]) == (
+        "acp",
+        False,
+        False,
+    )
     polls = fake.list_count
     acp_live.wait_for(lambda: fake.list_count >= polls + 5, what="polls")
     assert listener.connections_total == 0  # listed, never driven
 
     res = cli("send", rec.id, "hello?")
-    assert res.exit_code == 1 and "adopt it" in res.stderr
+    assert res.exit_code == 5 and "adopt it" in res.stderr  # conflict
 
     res = cli("adopt", rec.id)
     assert res.exit_code == 0, res.output
@@ -48,5 +52,5 @@ def test_adopt_starts_driving_an_acp_agent_spawned_elsewhere(acp_live: LiveStack
     assert json.loads(res.stdout)["adopted"] is True
 
     res = cli("adopt", "does-not-exist")
-    assert res.exit_code == 1
+    assert res.exit_code == 3
     assert res.stderr.strip() == "error: server returned 404: agent 'does-not-exist' not found"

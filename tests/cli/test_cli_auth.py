@@ -22,13 +22,13 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
 def test_token_required_and_accepted(secured: LiveStack) -> None:
     cli = Cli(secured.url)
     res = cli("ls")
-    assert res.exit_code == 1
+    assert res.exit_code == 4  # exits.AUTH
     assert res.stderr.startswith("error: server returned 401: ")
     assert len(res.stderr.strip().splitlines()) == 1
     assert TOKEN not in res.output
 
     res = cli("--token", "wrong", "ls")
-    assert res.exit_code == 1 and "server returned 401: " in res.stderr
+    assert res.exit_code == 4 and "server returned 401: " in res.stderr
 
     res = cli("ls", "-o", "json", token=TOKEN)  # PROSPERO_API_TOKEN
     assert res.exit_code == 0, res.output
@@ -41,4 +41,4 @@ def test_token_required_and_accepted(secured: LiveStack) -> None:
     assert res.exit_code == 0, res.output
     assert "[finished] EndOfTurn" in res.stdout
     res = cli("follow", agent_id)
-    assert res.exit_code == 1 and "server returned 401: " in res.stderr
+    assert res.exit_code == 4 and "server returned 401: " in res.stderr

@@ -7,11 +7,13 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tests.cli.conftest import LiveStack, free_port
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "prospero"
+CONFIG_HOME = tempfile.mkdtemp(prefix="prospero-xdg-")
 
 
 def run(
@@ -19,6 +21,7 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROSPERO_")}
     env["NO_COLOR"] = "1"
+    env["XDG_CONFIG_HOME"] = CONFIG_HOME  # no context of the machine's user applies
     if addr is not None:
         env["PROSPERO_ADDR"] = addr
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
@@ -51,7 +54,7 @@ def test_module_ls_spawn_follow(live: LiveStack) -> None:
 def test_unreachable_and_typo_in_a_real_process() -> None:
     addr = f"http://127.0.0.1:{free_port()}"
     res = run(str(CONSOLE_SCRIPT), "ls", addr=addr)
-    assert res.returncode == 1
+    assert res.returncode == 6  # exits.UNREACHABLE
     assert res.stdout == ""
     assert res.stderr == f"error: cannot reach prosperod at {addr} (is the daemon running?)\n"
 

@@ -15,6 +15,7 @@ from prospero.cli import render
 from prospero.cli.cluster import fmt_secs
 from prospero.core.cluster import ClusterInfo, replica_key
 from prospero.core.leases import MemoryLeases
+from prospero.types.model import Agent
 from tests.cli.conftest import Cli, LiveStack, free_port
 
 
@@ -119,7 +120,7 @@ def test_clustered_table(cli: Cli, clustered: None) -> None:
 
 def test_unreachable_daemon_is_one_line(cli: Cli) -> None:
     res = cli("cluster", addr=f"http://127.0.0.1:{free_port()}")
-    assert res.exit_code == 1
+    assert res.exit_code == 6  # exits.UNREACHABLE
     assert "cannot reach prosperod" in res.output
     assert "Traceback" not in res.output
 
@@ -128,7 +129,7 @@ def test_auth_errors_are_one_line(tmp_path: Path) -> None:
     with LiveStack(tmp_path, tokens={"admin": "s3cret"}).serving() as stack:
         cli = Cli(stack.url)
         res = cli("cluster")
-        assert res.exit_code == 1
+        assert res.exit_code == 4  # exits.AUTH
         assert "server returned 401" in res.output and "Traceback" not in res.output
         res = cli("cluster", "-o", "json", token="s3cret")
         assert res.exit_code == 0, res.output
@@ -147,26 +148,22 @@ def test_fmt_secs() -> None:
     assert fmt_secs("x") == "?"
 
 
-def test_ls_names_the_replica_driving_an_agent() -> None:
-    """`prospero ls`: an agent with an `owner` (clustered) says which replica drives it; one
-    without says nothing of the kind."""
-    fleet = {
-        "host": "h",
-        "workspaces": [
-            {
-                "name": "alpha",
-                "health": {"state": "healthy"},
-                "agents": [
-                    {"id": "a1", "status": "running", "label": "one", "owner": "cli-r0"},
-                    {"id": "a2", "status": "idle", "label": "two", "owner": None},
-                ],
-            }
-        ],
-    }
+def test_ls_wide_names_the_replica_driving_an_agent() -> None:
+    """`prospero ls -o wide`: an agent with an `owner` (clustered) says which replica drives
+    it in the OWNER column; one without shows `-`."""
+    started = "2026-01-01T00:00:00+00:00"
+    agents = [
+        Agent(id="a1", name="n1", workspace="alpha", status="running", started_at=started,
+              label="one", owner="cli-r0"),
+        Agent(id="a2", name="n2", workspace="alpha", status="idle", started_at=started,
+              label="two"),
+    ]  # fmt: skip
     console = Console(record=True, width=200, color_system=None)
-    render.render_fleet(console, fleet)
+    render.render_agents(console, agents, {}, wide=True)
     lines = console.export_text().splitlines()
-    one = next(line for line in lines if line.strip().startswith("a1"))
-    two = next(line for line in lines if line.strip().startswith("a2"))
-    assert one.rstrip().endswith("one  (driven by cli-r0)")
-    assert two.rstrip().endswith("two") and "driven by" not in two
+    header = lines[0].split()
+    owner = header.index("OWNER")
+    one = next(line for line in lines if line.startswith("a1")).split()
+    two = next(line for line in lines if line.startswith("a2")).split()
+    assert (one[owner], one[-1]) == ("cli-r0", "one")
+    assert (two[owner], two[-1]) == ("-", "two")

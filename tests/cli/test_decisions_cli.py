@@ -131,7 +131,9 @@ def test_decisions_lists_and_approve_lets_the_agent_finish(cli: Cli, live: AcpLi
     assert "no deadline" in res.stdout
     rows = json.loads(run(cli, "decisions", "-o", "json").stdout)
     assert d["id"] in [r["id"] for r in rows]
-    assert run(cli, "decisions", "--agent", "nobody").stdout.strip() == "(no pending decisions)"
+    assert run(cli, "decisions", "--agent", agent_id[:6]).stdout.startswith(d["id"])  # a prefix
+    res = cli("decisions", "--agent", "nobody", token=TOKEN)
+    assert res.exit_code == 3 and "agent 'nobody' not found" in res.stderr
 
     res = run(cli, "approve", d["id"], "--note", "lgtm")
     assert res.stdout.strip() == f"approved {d['id']} (Allow once: Edit src/app.py) as ops"
@@ -157,7 +159,7 @@ def test_decisions_lists_and_approve_lets_the_agent_finish(cli: Cli, live: AcpLi
 
     # A second answer is refused with the server's reason.
     res = cli("deny", d["id"], token=TOKEN)
-    assert res.exit_code == 1 and "already decided by ops" in res.stderr
+    assert res.exit_code == 5 and "already decided by ops" in res.stderr  # conflict
 
 
 def test_deny_always_answers_the_sessions_next_ask(cli: Cli, live: AcpLiveStack) -> None:
@@ -180,13 +182,13 @@ def test_deny_always_answers_the_sessions_next_ask(cli: Cli, live: AcpLiveStack)
 
 def test_answer_errors(cli: Cli, live: AcpLiveStack) -> None:
     res = cli("approve", "dec-nope", token=TOKEN)
-    assert res.exit_code == 1 and "server returned 404" in res.stderr
+    assert res.exit_code == 3 and "server returned 404" in res.stderr  # not found
     agent_id = spawn(cli)
     d = live.pending(agent_id)
     res = cli("approve", d["id"], "--option", "bogus", token=TOKEN)
-    assert res.exit_code == 1 and "has no option 'bogus'" in res.stderr
+    assert res.exit_code == 2 and "has no option 'bogus'" in res.stderr  # usage
     res = cli("approve", d["id"], token="wrong")
-    assert res.exit_code == 1 and "401" in res.stderr
+    assert res.exit_code == 4 and "401" in res.stderr  # auth
     # Answering with an explicit option id works too.
     res = run(cli, "deny", d["id"], "--option", "reject-once")
     assert "denied" in res.stdout
@@ -303,7 +305,7 @@ def test_policy_and_workspace_posture_commands(
     bad = cli("policy", "set", "ws", token=TOKEN)
     assert bad.exit_code == 2 and "nothing to set" in bad.stderr
     bad = cli("policy", "show", "nope", token=TOKEN)
-    assert bad.exit_code == 1 and "404" in bad.stderr
+    assert bad.exit_code == 3 and "404" in bad.stderr
 
     # workspace config --posture / --decision-timeout: only the permission defaults change.
     res = run(

@@ -1,20 +1,26 @@
 """The CLI's HTTP client: a thin, blocking wrapper over prosperod's API.
 
 The CLI is never a second control path: every command is one (or a few) HTTP calls against
-prosperod. Errors become `CliError` with the one line the user sees.
+prosperod. Replies are read into the DTOs of `prospero.types` (`get_model`). Errors become
+`CliError` with the one line the user sees and the exit code of its kind (`cli.exits`).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import TypeAdapter, ValidationError
+
+from prospero.cli import exits
+from prospero.types.agent_ids import AgentIdResolution, AmbiguousAgentId
+from prospero.types.model import AgentStatus
 
 DEFAULT_ADDR = "http://127.0.0.1:7878"
 
@@ -22,25 +28,30 @@ DEFAULT_ADDR = "http://127.0.0.1:7878"
 REQUEST_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 
 
+M = TypeVar("M")
+
+
 class CliError(Exception):
     """A failure the user sees as one line on stderr; `code` is the process exit status."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = exits.FAILURE) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
 
 
 class Unreachable(CliError):
-    pass
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exits.UNREACHABLE)
 
 
 class ServerError(CliError):
-    def __init__(self, status: int, error: str, kind: str | None = None) -> None:
-        super().__init__(f"server returned {status}: {error}")
+    def __init__(self, status: int, error: str, kind: str | None = None, body: Any = None) -> None:
+        super().__init__(f"server returned {status}: {error}", exits.for_status(status))
         self.status = status
         self.error = error
         self.kind = kind
+        self.body = body  # the decoded JSON body (the envelope and any extra fields)
 
 
 def normalize_addr(addr: str | None) -> str:
@@ -51,10 +62,11 @@ def normalize_addr(addr: str | None) -> str:
     try:
         url = httpx.URL(addr)
     except httpx.InvalidURL as e:
-        raise CliError(f"invalid --addr / PROSPERO_ADDR {given!r}: {e}", code=2) from None
+        raise CliError(f"invalid --addr / PROSPERO_ADDR {given!r}: {e}", code=exits.USAGE) from None
     if url.scheme not in ("http", "https") or not url.host:
         raise CliError(
-            f"invalid --addr / PROSPERO_ADDR {given!r}: expected a URL like {DEFAULT_ADDR}", code=2
+            f"invalid --addr / PROSPERO_ADDR {given!r}: expected a URL like {DEFAULT_ADDR}",
+            code=exits.USAGE,
         )
     return addr
 
@@ -81,7 +93,7 @@ def error_from_response(resp: httpx.Response) -> ServerError:
     if not error:
         text = resp.text.strip().splitlines()
         error = text[0][:200] if text else (resp.reason_phrase or "error")
-    return ServerError(resp.status_code, error, kind)
+    return ServerError(resp.status_code, error, kind, body)
 
 
 @dataclass
@@ -128,6 +140,7 @@ class Client:
         token: str | None = None,
         *,
         transport: httpx.BaseTransport | None = None,
+        timeout: httpx.Timeout = REQUEST_TIMEOUT,
     ) -> None:
         self.addr = normalize_addr(addr)
         # X-Prospero-Client marks requests that a cross-site page could not send (prosperod's
@@ -142,7 +155,7 @@ class Client:
         self._http = httpx.Client(
             base_url=self.addr,
             headers=headers,
-            timeout=REQUEST_TIMEOUT,
+            timeout=timeout,
             transport=transport,
             trust_env=False,
         )
@@ -180,9 +193,9 @@ class Client:
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             raise self.unreachable(e) from None
         except httpx.TimeoutException:
-            raise CliError(f"prosperod at {self.addr} did not answer in time") from None
+            raise Unreachable(f"prosperod at {self.addr} did not answer in time") from None
         except httpx.TransportError as e:
-            raise CliError(f"connection to prosperod at {self.addr} failed: {e}") from None
+            raise Unreachable(f"connection to prosperod at {self.addr} failed: {e}") from None
         if resp.status_code >= 400:
             raise error_from_response(resp)
         return resp
@@ -196,14 +209,45 @@ class Client:
                 f"prosperod at {self.addr} returned a non-JSON body for {path}"
             ) from None
 
-    def ensure_agent_known(self, agent_id: str) -> None:
-        """404 unless the agent is live or has history (its stream would otherwise idle)."""
+    def get_model(self, path: str, model: type[M], params: dict[str, Any] | None = None) -> M:
+        """GET `path` and read its JSON into `model` (a DTO of `prospero.types`, or a list
+        of them): a reply of another shape is one line, not a traceback."""
+        return self.parse(self.get_json(path, params), model, path)
+
+    def get_both(
+        self, path: str, model: type[M], params: dict[str, Any] | None = None
+    ) -> tuple[Any, M]:
+        """The reply's JSON as it came (for -o json|yaml) and read into `model`."""
+        data = self.get_json(path, params)
+        return data, self.parse(data, model, path)
+
+    def parse(self, data: Any, model: type[M], what: str) -> M:
         try:
-            self.request("GET", f"/api/agents/{seg(agent_id)}")
+            return TypeAdapter(model).validate_python(data)
+        except ValidationError as e:
+            where, why = "body", "invalid"
+            if e.errors():
+                first = e.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "body"
+                why = first["msg"]
+            raise CliError(
+                f"prosperod at {self.addr} returned an unexpected reply for {what} ({where}: {why})"
+            ) from None
+
+    def resolve_agent(self, given: str) -> str:
+        """The agent id a unique prefix (or a whole id) names, through the API's
+        `GET /api/agent-ids/{prefix}`: not found (exit 3) when nothing matches, a conflict
+        (exit 5) listing the candidates when several do."""
+        try:
+            resp = self.request("GET", f"/api/agent-ids/{seg(given)}")
         except ServerError as e:
-            if e.status != 404:
-                raise
-            self.request("GET", f"/api/agents/{seg(agent_id)}/events", params={"limit": 1})
+            if e.status == 404 and e.kind == "not_found" and e.error == "no such endpoint":
+                return given  # a prosperod older than prefixes: take the id as given
+            if e.status == 409 and isinstance(e.body, dict) and "candidates" in e.body:
+                amb = self.parse(e.body, AmbiguousAgentId, "an ambiguous agent id")
+                raise CliError(ambiguous_message(amb), exits.CONFLICT) from None
+            raise
+        return self.parse(resp.json(), AgentIdResolution, "an agent id").agent.agent_id
 
     def healthz(self) -> bool:
         try:
@@ -309,7 +353,7 @@ def follow_events(
                 return
         except httpx.TransportError as e:
             if first_attempt:
-                raise CliError(f"connection to prosperod at {client.addr} failed: {e}") from None
+                raise Unreachable(f"connection to prosperod at {client.addr} failed: {e}") from None
         now = time.monotonic()
         if failing_since is None:
             failing_since = now
@@ -320,8 +364,66 @@ def follow_events(
         attempt += 1
 
 
+def fleet_events(
+    client: Client,
+    last: int,
+    kinds: Collection[str],
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[dict[str, Any] | None]:
+    """Follow the fleet stream from store ordinal `last + 1`, only events of `kinds`,
+    resuming after a dropped connection; yields each event, and None at each keep-alive (so
+    the caller can check its own deadline). Gives up (Unreachable) after 6 failures in a
+    row."""
+    failures = 0
+    params_kinds = ",".join(sorted(kinds))
+    while True:
+        try:
+            with client.stream_lines(
+                "/api/stream", {"from": last + 1, "kinds": params_kinds}, None
+            ) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    raise error_from_response(resp)
+                failures = 0
+                for msg in iter_sse(resp.iter_lines()):
+                    if msg is None:
+                        yield None
+                        continue
+                    if msg.event not in ("message", ""):
+                        continue
+                    if msg.id is not None and msg.id.isdigit():
+                        last = int(msg.id)
+                    ev = _loads(msg.data)
+                    if isinstance(ev, dict) and (ev.get("kind") or {}).get("kind") in kinds:
+                        yield ev
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            failures += 1
+            if failures > 5:
+                raise client.unreachable(e) from None
+        except (httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError):
+            failures += 1
+        sleep(min(2.0, 0.1 * 2**failures))
+
+
 def _terminal(status: Any) -> bool:
-    return status in ("killed", "done", "failed", "crashed")
+    try:
+        return AgentStatus(status).terminal
+    except ValueError:
+        return False
+
+
+def ambiguous_message(amb: AmbiguousAgentId) -> str:
+    """`agent id prefix '65b' is ambiguous; it matches: 65b7… (alpha, running), …`"""
+    parts = []
+    for c in amb.candidates:
+        about = ", ".join(x for x in (c.workspace, c.status, c.label) if x)
+        parts.append(f"{c.agent_id} ({about})" if about else c.agent_id)
+    more = f" and {amb.more} more" if amb.more else ""
+    return (
+        f"agent id prefix '{amb.prefix}' is ambiguous; it matches: {', '.join(parts)}{more} "
+        "(give more of the id)"
+    )
 
 
 def _loads(text: str) -> Any:

@@ -1,7 +1,7 @@
 """`prospero cluster`: how prosperod runs (standalone or clustered), its replicas and leases.
 
-One `GET /api/cluster`; `-o json` prints the API's JSON as is. Registered on the main app by
-`prospero.cli.main`.
+One `GET /api/cluster`, read into `prospero.types.cluster.ClusterView`; `-o json|yaml` prints
+the API's data as is. Registered on the main app when `prospero.cli.main` imports it.
 """
 
 from __future__ import annotations
@@ -14,30 +14,32 @@ from rich.text import Text
 
 from prospero.cli.app import (
     AddrOpt,
-    OutputFormat,
     OutputOpt,
     TokenOpt,
     _client,
     _console,
     _fmt,
-    _print_json,
     app,
     handle_errors,
 )
+from prospero.cli.output import print_data
+from prospero.cli.render import Cell, table
+from prospero.types.cluster import ClusterView
 
 
-@app.command("cluster")
+@app.command("cluster", rich_help_panel="Fleet")
 @handle_errors
 def cluster(
     ctx: typer.Context, output: OutputOpt = None, addr: AddrOpt = None, token: TokenOpt = None
 ) -> None:
     """Show the cluster: mode, this replica, the replicas' heartbeats and the live leases."""
     with _client(ctx, addr, token) as c:
-        view = c.get_json("/api/cluster")
-    if _fmt(ctx, output) is OutputFormat.json:
-        _print_json(view)
+        raw, view = c.get_both("/api/cluster", ClusterView)
+    fmt = _fmt(ctx, output)
+    if fmt.machine:
+        print_data(raw, fmt)
         return
-    render_cluster(_console(), view if isinstance(view, dict) else {})
+    render_cluster(_console(), view)
 
 
 def fmt_secs(value: Any) -> str:
@@ -57,65 +59,50 @@ def fmt_secs(value: Any) -> str:
     return f"{whole}s"  # pragma: no cover
 
 
-def _table(console: Console, header: list[str], rows: list[list[str]], marks: list[bool]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    console.print(
-        Text(
-            "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(),
-            style="bold",
-        )
-    )
-    for row, mark in zip(rows, marks, strict=True):
-        line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        console.print(Text(line, style="bold" if mark else ""))
+def _bold(text: str, mark: bool) -> Cell:
+    return Cell(text, "bold" if mark else "")
 
 
-def render_cluster(console: Console, view: dict[str, Any]) -> None:
-    mode = str(view.get("mode", "?"))
-    me = str(view.get("replica_id", "?"))
-    head = Text(f"mode: {mode}", style="bold")
-    head.append(f"  replica: {me}  store: {view.get('store', '?')}", style="")
-    if view.get("lease_ttl_s") is not None or view.get("heartbeat_s") is not None:
+def render_cluster(console: Console, view: ClusterView) -> None:
+    me = view.replica_id
+    head = Text(f"mode: {view.mode}", style="bold")
+    head.append(f"  replica: {me}  store: {view.store}", style="")
+    if view.lease_ttl_s is not None or view.heartbeat_s is not None:
         head.append(
-            f"  lease ttl: {fmt_secs(view.get('lease_ttl_s'))}"
-            f"  heartbeat: {fmt_secs(view.get('heartbeat_s'))}",
+            f"  lease ttl: {fmt_secs(view.lease_ttl_s)}  heartbeat: {fmt_secs(view.heartbeat_s)}",
             style="",
         )
     console.print(head)
     console.print()
-    replicas = [r for r in view.get("replicas") or [] if isinstance(r, dict)]
-    if replicas:
-        _table(
+    if view.replicas:
+        table(
             console,
             ["REPLICA", "HEARTBEAT AGE", "LEASES"],
             [
                 [
-                    str(r.get("replica_id", "?")) + (" (this)" if r.get("this") else ""),
-                    fmt_secs(r.get("heartbeat_age_s")),
-                    str(r.get("leases", 0)),
+                    _bold(r.replica_id + (" (this)" if r.this else ""), r.this),
+                    _bold(fmt_secs(r.heartbeat_age_s), r.this),
+                    _bold(str(r.leases), r.this),
                 ]
-                for r in replicas
+                for r in view.replicas
             ],
-            [bool(r.get("this")) for r in replicas],
         )
     else:
         console.print("(no replicas reported)")
     console.print()
-    leases = [x for x in view.get("leases") or [] if isinstance(x, dict)]
-    if not leases:
-        console.print("(no leases)" if mode == "clustered" else "(no leases: standalone)")
+    if not view.leases:
+        console.print("(no leases)" if view.mode == "clustered" else "(no leases: standalone)")
         return
-    _table(
+    table(
         console,
         ["LEASE", "OWNER", "EPOCH", "EXPIRES IN"],
         [
             [
-                str(x.get("key", "?")),
-                str(x.get("owner", "?")),
-                str(x.get("epoch", "?")),
-                fmt_secs(x.get("expires_in_s")),
+                _bold(x.key, x.owner == me),
+                _bold(x.owner, x.owner == me),
+                _bold(str(x.epoch), x.owner == me),
+                _bold(fmt_secs(x.expires_in_s), x.owner == me),
             ]
-            for x in leases
+            for x in view.leases
         ],
-        [x.get("owner") == me for x in leases],
     )

@@ -7,45 +7,48 @@
     prospero policy set WS [FILE.json] [--rule 'ACTION key=glob ...']... [--append]
                            [--posture P] [--timeout SECS|none]
 
-Registered on the main app by `prospero.cli.main` (imported at its end). Every command is
-one or a few HTTP calls, like the rest of the CLI.
+Registered on the main app when `prospero.cli.main` imports this module. Every command is
+one or a few HTTP calls, like the rest of the CLI; replies are read into `prospero.types`
+(`Decision`, `WorkspacePolicy`; the option an answer picks is `option_for`'s).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.markup import escape
 
-from prospero.cli import render
+from prospero.cli import exits, render
 from prospero.cli.app import (
     AddrOpt,
-    OutputFormat,
     OutputOpt,
-    PostureOpt,
     TokenOpt,
     _client,
     _console,
     _fmt,
-    _print_json,
     app,
     handle_errors,
 )
-from prospero.cli.client import Client, CliError, error_from_response, iter_sse, seg
+from prospero.cli.client import Client, CliError, fleet_events, seg
+from prospero.cli.output import OutputFormat, print_data, print_item
+from prospero.cli.params import PostureOpt, WorkspaceArg, WorkspaceFilterOpt, parse_timeout
+from prospero.cli.render_events import FollowRenderer, parse_event
+from prospero.types.decisions import Decision, WorkspacePolicy, option_for
+from prospero.types.events import DecisionOption
+
+PANEL = "Decisions"
 
 policy_app = typer.Typer(
     help="Show or set a workspace's permission policy (posture, ask timeout, rules).",
     no_args_is_help=True,
 )
-app.add_typer(policy_app, name="policy")
+app.add_typer(policy_app, name="policy", rich_help_panel=PANEL)
 
 RULE_KEYS = ("kind", "title", "command", "path", "name")
 RULE_ACTIONS = ("allow", "deny", "ask")
@@ -63,17 +66,17 @@ class StateOpt(StrEnum):
 # ---------------------------------------------------------------------- decisions
 
 
-@app.command("decisions")
+@app.command("decisions", rich_help_panel=PANEL)
 @handle_errors
 def decisions(
     ctx: typer.Context,
     state: Annotated[
         StateOpt, typer.Option("--state", help="Which decisions (default: pending).")
     ] = StateOpt.pending,
-    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's.")] = None,
-    workspace: Annotated[
-        str | None, typer.Option("--workspace", help="Only this workspace's.")
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Only this agent's (id or unique prefix).")
     ] = None,
+    workspace: WorkspaceFilterOpt = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the newest N.")] = None,
     watch: Annotated[
         bool,
@@ -92,21 +95,21 @@ def decisions(
     token: TokenOpt = None,
 ) -> None:
     """List permission decisions (pending ones by default); --watch follows them live."""
-    as_json = _fmt(ctx, output) is OutputFormat.json
-    params = {"state": state.value, "agent": agent, "workspace": workspace, "limit": limit}
+    fmt = _fmt(ctx, output)
     with _client(ctx, addr, token) as c:
+        if agent is not None:
+            agent = c.resolve_agent(agent)
+        params = {"state": state.value, "agent": agent, "workspace": workspace, "limit": limit}
         resp = c.request("GET", "/api/decisions", params=params)
-        rows = resp.json()
-        if not isinstance(rows, list):
-            raise CliError(f"prosperod at {c.addr} returned an unexpected decisions list")
-        if as_json and not watch:
-            _print_json(rows)
+        raw = resp.json()
+        rows = c.parse(raw, list[Decision], "/api/decisions")
+        if fmt.machine and not watch:
+            print_data(raw, fmt)
             return
         con = _console()
-        if as_json:
-            for d in rows:
-                sys.stdout.write(json.dumps(d, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
+        if fmt.machine:
+            for d in raw:
+                print_item(d, fmt)
         else:
             render.render_decisions(con, rows, state.value)
         if not watch:
@@ -115,9 +118,9 @@ def decisions(
             last = int(resp.headers.get("X-Prospero-Last-Ordinal", "0"))
         except ValueError:
             last = 0
-        if not as_json:
+        if not fmt.machine:
             con.print("— watching for decisions (Ctrl-C to stop) —", style="dim")
-        _watch(c, last, agent, workspace, as_json, watch_timeout, count)
+        _watch(c, last, agent, workspace, fmt, watch_timeout, count)
 
 
 def _watch(
@@ -125,79 +128,60 @@ def _watch(
     last: int,
     agent: str | None,
     workspace: str | None,
-    as_json: bool,
+    fmt: OutputFormat,
     timeout: float | None,
     count: int | None = None,
 ) -> None:
     """Follow the fleet stream from ordinal `last + 1`, printing decision events."""
     deadline = time.monotonic() + timeout if timeout is not None else None
     printed = 0
-    renderer = render.FollowRenderer(_console())
-    failures = 0
-    while deadline is None or time.monotonic() < deadline:
-        try:
-            with c.stream_lines(
-                "/api/stream", {"from": last + 1, "kinds": ",".join(sorted(DECISION_KINDS))}, None
-            ) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    raise error_from_response(resp)
-                failures = 0
-                for msg in iter_sse(resp.iter_lines()):
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return
-                    if msg is None or msg.event not in ("message", ""):
-                        continue
-                    if msg.id is not None and msg.id.isdigit():
-                        last = int(msg.id)
-                    try:
-                        ev = json.loads(msg.data)
-                    except ValueError:
-                        continue
-                    if not isinstance(ev, dict):
-                        continue
-                    kind = (ev.get("kind") or {}).get("kind")
-                    if kind not in DECISION_KINDS:
-                        continue
-                    if agent is not None and ev.get("agent_id") != agent:
-                        continue
-                    if workspace is not None and ev.get("repo") != workspace:
-                        continue
-                    if as_json:
-                        sys.stdout.write(json.dumps(ev, ensure_ascii=False) + "\n")
-                        sys.stdout.flush()
-                    else:
-                        renderer.decision_line(ev)
-                    printed += 1
-                    if count is not None and printed >= count:
-                        return
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            failures += 1
-            if failures > 5:
-                raise c.unreachable(e) from None
-        except (httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ReadError):
-            failures += 1
-        time.sleep(min(2.0, 0.1 * 2**failures))
+    renderer = FollowRenderer(_console())
+    for data in fleet_events(c, last, DECISION_KINDS):
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        if data is None:
+            continue
+        if agent is not None and data.get("agent_id") != agent:
+            continue
+        if workspace is not None and data.get("repo") != workspace:
+            continue
+        if fmt.machine:
+            print_item(data, fmt)
+        else:
+            event = parse_event(data)
+            if event is not None:
+                renderer.decision_line(event)
+        printed += 1
+        if count is not None and printed >= count:
+            return
 
 
-def _pick_option(decision: dict[str, Any], family: str, always: bool, option: str | None) -> Any:
-    options = [o for o in decision.get("options") or [] if isinstance(o, dict)]
-    listing = ", ".join(f"{o.get('id')} ({o.get('kind')})" for o in options) or "none"
+def _pick_option(
+    decision: Decision, family: str, always: bool, option: str | None
+) -> DecisionOption:
+    """The option an answer sends: `--option ID` exactly, else `option_for`'s pick of the
+    family (`*_once`, or `*_always` with --always), refused when broader or narrower than
+    asked (an `*_always` answer without --always, a `*_once` one with it)."""
+    listing = ", ".join(f"{o.id} ({o.kind})" for o in decision.options) or "none"
     if option is not None:
-        for o in options:
-            if o.get("id") == option:
-                return o
-        raise CliError(
-            f"decision {decision.get('id')} has no option {option!r} (offered: {listing})"
-        )
+        found = decision.option(option)
+        if found is None:
+            raise CliError(
+                f"decision {decision.id} has no option {option!r} (offered: {listing})",
+                exits.USAGE,
+            )
+        return found
     kind = f"{family}_{'always' if always else 'once'}"
-    for o in options:
-        if o.get("kind") == kind:
-            return o
+    chosen = option_for(decision.options, family, prefer=kind)
+    if chosen is not None and (
+        chosen.kind == kind or (not always and not chosen.kind.endswith("_always"))
+    ):
+        return chosen
     hint = "" if always else f"; --always picks {family}_always"
     raise CliError(
-        f"decision {decision.get('id')} offers no {kind} option (offered: {listing}){hint}; "
-        "choose one with --option ID"
+        f"decision {decision.id} offers no {kind} option (offered: {listing}){hint}; "
+        "choose one with --option ID",
+        exits.USAGE,
     )
 
 
@@ -213,26 +197,25 @@ def _answer(
     token: str | None,
 ) -> None:
     with _client(ctx, addr, token) as c:
-        current = c.get_json(f"/api/decisions/{seg(decision_id)}")
-        if not isinstance(current, dict):
-            raise CliError(f"prosperod at {c.addr} returned an unexpected decision")
-        if current.get("state") != "pending":
-            by = f" by {current.get('decided_by')}" if current.get("decided_by") else ""
-            raise CliError(f"decision {decision_id} is already {current.get('state')}{by}")
+        current = c.get_model(f"/api/decisions/{seg(decision_id)}", Decision)
+        if current.state != "pending":
+            by = f" by {current.decided_by}" if current.decided_by else ""
+            raise CliError(f"decision {decision_id} is already {current.state}{by}", exits.CONFLICT)
         chosen = _pick_option(current, family, always, option)
-        body: dict[str, Any] = {"option_id": chosen.get("id")}
+        body: dict[str, Any] = {"option_id": chosen.id}
         if note:
             body["note"] = note
-        decided = c.request("POST", f"/api/decisions/{seg(decision_id)}", json_body=body).json()
-    if _fmt(ctx, output) is OutputFormat.json:
-        _print_json(decided)
+        raw = c.request("POST", f"/api/decisions/{seg(decision_id)}", json_body=body).json()
+        decided = c.parse(raw, Decision, "a decision")
+    fmt = _fmt(ctx, output)
+    if fmt.machine:
+        print_data(raw, fmt)
         return
     verb = "approved" if family == "allow" else "denied"
-    tc = decided.get("tool_call") or {}
-    what = tc.get("title") or tc.get("kind") or "tool call"
+    what = decided.tool_call.title or decided.tool_call.kind or "tool call"
     _console().print(
-        f"{verb} {escape(decision_id)} ({escape(str(chosen.get('label') or chosen.get('id')))}: "
-        f"{escape(str(what))}) as {escape(str(decided.get('decided_by')))}"
+        f"{verb} {escape(decision_id)} ({escape(chosen.label or chosen.id)}: "
+        f"{escape(what)}) as {escape(str(decided.decided_by))}"
     )
 
 
@@ -250,7 +233,7 @@ OptionOpt = Annotated[
 ]
 
 
-@app.command("approve")
+@app.command("approve", rich_help_panel=PANEL)
 @handle_errors
 def approve(
     ctx: typer.Context,
@@ -266,7 +249,7 @@ def approve(
     _answer(ctx, decision_id, "allow", always, note, option, output, addr, token)
 
 
-@app.command("deny")
+@app.command("deny", rich_help_panel=PANEL)
 @handle_errors
 def deny(
     ctx: typer.Context,
@@ -307,34 +290,21 @@ def parse_rule(text: str) -> dict[str, Any]:
     return rule
 
 
-def parse_timeout(value: str) -> float | None:
-    if value.strip().lower() in ("none", "never", "0", ""):
-        return None
-    try:
-        secs = float(value)
-    except ValueError:
-        raise typer.BadParameter(
-            f"expected seconds or 'none', got {value!r}", param_hint="--timeout"
-        ) from None
-    if secs < 0:
-        raise typer.BadParameter("must be >= 0", param_hint="--timeout")
-    return secs
-
-
 @policy_app.command("show")
 @handle_errors
 def policy_show(
     ctx: typer.Context,
-    workspace: Annotated[str, typer.Argument(metavar="WS", help="Workspace name.")],
+    workspace: WorkspaceArg,
     output: OutputOpt = None,
     addr: AddrOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Show a workspace's permission policy."""
     with _client(ctx, addr, token) as c:
-        policy = c.get_json(f"/api/workspaces/{seg(workspace)}/policy")
-    if _fmt(ctx, output) is OutputFormat.json:
-        _print_json(policy)
+        raw, policy = c.get_both(f"/api/workspaces/{seg(workspace)}/policy", WorkspacePolicy)
+    fmt = _fmt(ctx, output)
+    if fmt.machine:
+        print_data(raw, fmt)
         return
     render.render_policy(_console(), workspace, policy)
 
@@ -343,7 +313,7 @@ def policy_show(
 @handle_errors
 def policy_set(
     ctx: typer.Context,
-    workspace: Annotated[str, typer.Argument(metavar="WS", help="Workspace name.")],
+    workspace: WorkspaceArg,
     file: Annotated[
         Path | None,
         typer.Argument(
@@ -378,17 +348,19 @@ def policy_set(
     """Set a workspace's permission policy from a JSON file and/or flags."""
     rules = [parse_rule(r) for r in rule or []]
     if file is None and not rules and posture is None and timeout is None:
-        raise CliError("nothing to set: give FILE.json, --rule, --posture or --timeout", code=2)
+        raise CliError(
+            "nothing to set: give FILE.json, --rule, --posture or --timeout", code=exits.USAGE
+        )
     doc: Any = None
     if file is not None:
         try:
             doc = json.loads(file.read_text())
         except OSError as e:
-            raise CliError(f"cannot read {file}: {e.strerror or e}", code=2) from None
+            raise CliError(f"cannot read {file}: {e.strerror or e}", code=exits.USAGE) from None
         except ValueError as e:
-            raise CliError(f"{file} is not valid JSON: {e}", code=2) from None
+            raise CliError(f"{file} is not valid JSON: {e}", code=exits.USAGE) from None
         if not isinstance(doc, dict | list):
-            raise CliError(f"{file}: expected a policy object or a list of rules", code=2)
+            raise CliError(f"{file}: expected a policy object or a list of rules", code=exits.USAGE)
     path = f"/api/workspaces/{seg(workspace)}/policy"
     with _client(ctx, addr, token) as c:
         result: Any = None
@@ -400,8 +372,10 @@ def policy_set(
         if rules:
             base: list[Any] = patch.get("rules", [])
             if append and "rules" not in patch:
-                current = result if result is not None else c.get_json(path)
-                base = list((current or {}).get("rules") or [])
+                current = c.parse(
+                    result if result is not None else c.get_json(path), WorkspacePolicy, path
+                )
+                base = [r.model_dump(exclude_none=True) for r in current.rules]
             patch["rules"] = base + rules
         if posture is not None:
             patch["posture"] = posture.value
@@ -409,9 +383,10 @@ def policy_set(
             patch["timeout_s"] = parse_timeout(timeout)
         if patch:
             result = c.request("PATCH", path, json_body=patch).json()
-    if _fmt(ctx, output) is OutputFormat.json:
-        _print_json(result)
+    fmt = _fmt(ctx, output)
+    if fmt.machine:
+        print_data(result, fmt)
         return
     con = _console()
     con.print(f"updated the permission policy of workspace '{escape(workspace)}'")
-    render.render_policy(con, workspace, result)
+    render.render_policy(con, workspace, c.parse(result, WorkspacePolicy, path))

@@ -1,55 +1,34 @@
-"""`prospero`: the command-line client of prosperod (prospero-surface.md §2).
+"""`prospero`: the command-line client of prosperod (prospero-surface.md §2; docs/cli.md).
 
 A thin HTTP client, never a second control path: every command maps to API calls. `demo`
 is the one exception in shape only: it replaces this process with the demo daemon.
+
+The command modules register their commands on `app` (`cli.app`) when imported, here, in
+the order `--help` lists them (by panel: Agents, Fleet, Workspaces, Decisions, Setup). They
+import `app`, never this module, so imports point one way.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-from typing import Annotated
+import importlib
 
-import typer
-
-# The workspace and agent commands register themselves on `app` (before `demo`, so the
-# order of `prospero --help` stays).
-from prospero.cli import agents as _agents  # noqa: F401
-from prospero.cli import workspaces as _workspaces  # noqa: F401
 from prospero.cli.app import app
 
+COMMAND_MODULES = (
+    "agents",  # spawn, kill, adopt, respawn, rm, send, end-input, cancel
+    "follow",  # follow, logs
+    "listing",  # ls, get, describe, status, usage
+    "cluster",
+    "workspaces",  # workspace add | list | config | rm
+    "decisions",  # decisions, approve, deny, policy show | set
+    "contexts",  # context add | use | ls | current | rm
+    "tokens",  # token new | list
+    "demo",
+)
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"prospero.cli.{_name}")
 
-@app.command("demo")
-def demo(
-    port: Annotated[int, typer.Option("--port", "-p", min=0, max=65535, help="HTTP port.")] = 7878,
-    data_dir: Annotated[
-        str | None, typer.Option("--data-dir", help="Keep demo data here (default: a temp dir).")
-    ] = None,
-    host: Annotated[str, typer.Option("--host", help="Bind address.")] = "127.0.0.1",
-    api_tokens_file: Annotated[
-        str | None,
-        typer.Option(
-            "--api-tokens-file",
-            help="Require scoped API tokens from this file (prospero token new).",
-        ),
-    ] = None,
-) -> None:
-    """Run prosperod with a fake caliband serving a demo fleet (no caliban needed)."""
-    argv = [sys.executable, "-m", "prospero.daemon.demo", "--port", str(port), "--host", host]
-    if data_dir:
-        argv += ["--data-dir", data_dir]
-    if api_tokens_file:
-        argv += ["--api-tokens-file", api_tokens_file]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Replace this process: the CLI stays a pure HTTP client, the daemon runs on its own.
-    os.execv(sys.executable, argv)
-
-
-# The decisions, approve, deny, policy, token and cluster commands register themselves on `app`.
-from prospero.cli import cluster as _cluster  # noqa: E402, F401
-from prospero.cli import decisions as _decisions  # noqa: E402, F401
-from prospero.cli import tokens as _tokens  # noqa: E402, F401
+__all__ = ["app", "main"]
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ once (the file is re-read when it changes). To revoke a token, delete its line.
 These commands work on the file, not over HTTP: whoever may edit the tokens file is the
 administrator. `--tokens-file` defaults to `$PROSPERO_API_TOKENS_FILE` (the daemon's variable).
 
-Registered on the main app by `prospero.cli.main` (imported at its end).
+Registered on the main app when `prospero.cli.main` imports this module.
 """
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ from prospero.cli.app import (
     _console,
     _err_console,
     _fmt,
-    _print_json,
     app,
     handle_errors,
 )
 from prospero.cli.client import CliError
+from prospero.cli.output import print_data
 from prospero.types.tokens import Scope, TokenFileError, add_token, read_tokens_file
 
 token_app = typer.Typer(
     help="Create and list scoped API tokens in prosperod's tokens file (--api-tokens-file).",
     no_args_is_help=True,
 )
-app.add_typer(token_app, name="token")
+app.add_typer(token_app, name="token", rich_help_panel="Setup")
 
 
 class ScopeOpt(StrEnum):
@@ -63,6 +63,7 @@ TokensFileOpt = Annotated[
 @token_app.command("new")
 @handle_errors
 def token_new(
+    ctx: typer.Context,
     name: Annotated[
         str, typer.Argument(metavar="NAME", help="Token name (A-Z a-z 0-9 _ . -), unique.")
     ],
@@ -71,6 +72,7 @@ def token_new(
         ScopeOpt,
         typer.Option("--scope", help="read < operate < admin (agents: operate)."),
     ] = ScopeOpt.read,
+    output: OutputOpt = None,
 ) -> None:
     """Generate a token, store its hash in the tokens file, print the token once."""
     path = tokens_file.expanduser()
@@ -78,8 +80,14 @@ def token_new(
         token = add_token(path, name, Scope.parse(scope.value))
     except TokenFileError as e:
         raise CliError(str(e)) from None
-    sys.stdout.write(token + "\n")
-    sys.stdout.flush()
+    fmt = _fmt(ctx, output)
+    if fmt.machine:
+        print_data(
+            {"name": name, "scope": scope.value, "token": token, "tokens_file": str(path)}, fmt
+        )
+    else:
+        sys.stdout.write(token + "\n")
+        sys.stdout.flush()
     _err_console().print(
         f"token [bold]{escape(name)}[/bold] ({scope.value}) added to {escape(str(path))}; "
         "it is shown only this once. Use it as `Authorization: Bearer <token>`, "
@@ -95,8 +103,9 @@ def token_list(ctx: typer.Context, tokens_file: TokensFileOpt, output: OutputOpt
         entries = read_tokens_file(tokens_file.expanduser())
     except TokenFileError as e:
         raise CliError(str(e)) from None
-    if _fmt(ctx, output).value == "json":
-        _print_json([{"name": x.name, "scope": x.scope.name} for x in entries])
+    fmt = _fmt(ctx, output)
+    if fmt.machine:
+        print_data([{"name": x.name, "scope": x.scope.name} for x in entries], fmt)
         return
     con = _console()
     if not entries:

@@ -12,31 +12,33 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 
 from prospero.cli import render
 from prospero.cli.app import (
     AddrOpt,
-    OutputFormat,
     OutputOpt,
-    PostureOpt,
     TokenOpt,
-    _abs_path,
     _client,
     _console,
     _fmt,
-    _print_json,
     app,
     handle_errors,
 )
-from prospero.cli.client import seg
+from prospero.cli.client import Client, CliError, seg
+from prospero.cli.output import OutputFormat, print_data
+from prospero.cli.params import PostureOpt, WorkspaceArg, abs_path, parse_timeout
+from prospero.types.api import WorkspaceSummary
+from prospero.types.k8s import WorkspaceAccepted
 
 workspace_app = typer.Typer(
     help="Register and configure workspaces (a root holding one or more git checkouts).",
     no_args_is_help=True,
 )
-app.add_typer(workspace_app, name="workspace")
+app.add_typer(workspace_app, name="workspace", rich_help_panel="Workspaces")
 
 
 @workspace_app.command("add")
@@ -63,7 +65,7 @@ def workspace_add(
     token: TokenOpt = None,
 ) -> None:
     """Register a workspace with prosperod (k8s: apply its Workspace CR)."""
-    root_abs = _abs_path(root) if root else ""
+    root_abs = abs_path(root) if root else ""
     body: dict[str, Any] = {"name": name}
     if root_abs:
         body["root"] = root_abs
@@ -72,11 +74,12 @@ def workspace_add(
     with _client(ctx, addr, token) as c:
         resp = c.request("POST", "/api/workspaces", json_body=body)
     accepted = _accepted(resp)
-    if _fmt(ctx, output) is OutputFormat.json:
+    fmt = _fmt(ctx, output)
+    if fmt.machine:
         out: dict[str, Any] = {"name": name, "root": root_abs, "status": resp.status_code}
         if accepted is not None:
-            out["reconcile"] = accepted.get("status")
-        _print_json(out)
+            out["reconcile"] = accepted.status.model_dump(mode="json")
+        print_data(out, fmt)
         return
     if accepted is not None:
         _print_accepted(name, accepted, "applied")
@@ -98,22 +101,23 @@ def _read_config(path: Path, option: str) -> dict[str, Any]:
     return data
 
 
-def _accepted(resp: Any) -> dict[str, Any] | None:
+def _accepted(resp: httpx.Response) -> WorkspaceAccepted | None:
     """The 202 body of a k8s workspace write (the Workspace CR's phase), else None."""
     if resp.status_code != 202:
         return None
     try:
-        body = resp.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+        return WorkspaceAccepted.model_validate(resp.json())
+    except (ValueError, ValidationError):
+        raise CliError(
+            f"prosperod answered 202 with an unexpected body: {resp.text[:200]}"
+        ) from None
 
 
-def _print_accepted(name: str, accepted: dict[str, Any], verb: str) -> None:
-    status = accepted.get("status") or {}
-    phase = escape(str(status.get("phase", "?")))
-    gen, seen = status.get("generation"), status.get("observed_generation")
-    if gen is not None and seen != gen:
+def _print_accepted(name: str, accepted: WorkspaceAccepted, verb: str) -> None:
+    status = accepted.status
+    phase = escape(status.phase)
+    gen, seen = status.generation, status.observed_generation
+    if gen is not None and not status.current:
         state = f"generation {gen}, not reconciled yet: phase {phase}"
         if seen is not None:
             state += f" is of generation {seen}"
@@ -130,13 +134,22 @@ def _print_accepted(name: str, accepted: dict[str, Any], verb: str) -> None:
 def workspace_list(
     ctx: typer.Context, output: OutputOpt = None, addr: AddrOpt = None, token: TokenOpt = None
 ) -> None:
-    """List registered workspaces with health and agent counts."""
+    """List registered workspaces with health and agent counts (-o wide: phase, sources)."""
     with _client(ctx, addr, token) as c:
-        rows = c.get_json("/api/workspaces")
-    if _fmt(ctx, output) is OutputFormat.json:
-        _print_json(rows)
+        raw, rows = c.get_both("/api/workspaces", list[WorkspaceSummary])
+    fmt = _fmt(ctx, output)
+    if fmt.machine:
+        print_data(raw, fmt)
         return
-    render.render_workspaces(_console(), rows if isinstance(rows, list) else [])
+    render.render_workspaces(_console(), rows, fmt is OutputFormat.wide)
+
+
+def _summary(c: Client, name: str) -> Any:
+    """The workspace as `GET /api/workspaces` lists it (JSON), after a change."""
+    for row in c.get_json("/api/workspaces"):
+        if isinstance(row, dict) and row.get("name") == name:
+            return row
+    return {"name": name}
 
 
 def _parse_env(values: list[str] | None) -> dict[str, str]:
@@ -153,7 +166,7 @@ def _parse_env(values: list[str] | None) -> dict[str, str]:
 @handle_errors
 def workspace_config(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(metavar="NAME", help="Workspace name.")],
+    name: WorkspaceArg,
     provider: Annotated[str | None, typer.Option("--provider", help="Provider id.")] = None,
     base_url: Annotated[str | None, typer.Option("--base-url", help="Provider base URL.")] = None,
     api_key_env: Annotated[
@@ -187,6 +200,7 @@ def workspace_config(
             help="Seconds a supervised permission ask waits for a human, or 'none'.",
         ),
     ] = None,
+    output: OutputOpt = None,
     addr: AddrOpt = None,
     token: TokenOpt = None,
 ) -> None:
@@ -200,18 +214,22 @@ def workspace_config(
             param_hint="--file",
         )
     provider_given = provider_given or config_file is not None
+    fmt = _fmt(ctx, output)
+    out: dict[str, Any] = {"name": name}
     if posture is not None or decision_timeout is not None:
-        from prospero.cli.decisions import parse_timeout
-
         patch: dict[str, Any] = {}
         if posture is not None:
             patch["posture"] = posture.value
         if decision_timeout is not None:
-            patch["timeout_s"] = parse_timeout(decision_timeout)
+            patch["timeout_s"] = parse_timeout(decision_timeout, "--decision-timeout")
         with _client(ctx, addr, token) as c:
-            c.request("PATCH", f"/api/workspaces/{seg(name)}/policy", json_body=patch)
-        _console().print(f"updated permission defaults of workspace '{escape(name)}'")
+            path = f"/api/workspaces/{seg(name)}/policy"
+            out["policy"] = c.request("PATCH", path, json_body=patch).json()
+        if not fmt.machine:
+            _console().print(f"updated permission defaults of workspace '{escape(name)}'")
         if not provider_given:
+            if fmt.machine:
+                print_data(out, fmt)
             return
     body: dict[str, Any] = {}
     if config_file is not None:
@@ -229,7 +247,13 @@ def workspace_config(
         resp = c.request(
             "PUT", f"/api/workspaces/{seg(name)}/config", json_body=body, send_body=True
         )
-    accepted = _accepted(resp)
+        accepted = _accepted(resp)
+        if fmt.machine:
+            out["workspace"] = _summary(c, name)
+            if accepted is not None:
+                out["reconcile"] = accepted.status.model_dump(mode="json")
+            print_data(out, fmt)
+            return
     if accepted is not None:
         _print_accepted(name, accepted, "re-applied")
         return
@@ -240,7 +264,8 @@ def workspace_config(
 @handle_errors
 def workspace_rm(
     ctx: typer.Context,
-    name: Annotated[str, typer.Argument(metavar="NAME", help="Workspace name.")],
+    name: WorkspaceArg,
+    output: OutputOpt = None,
     addr: AddrOpt = None,
     token: TokenOpt = None,
 ) -> None:
@@ -248,4 +273,8 @@ def workspace_rm(
     Workspace CR)."""
     with _client(ctx, addr, token) as c:
         c.request("DELETE", f"/api/workspaces/{seg(name)}")
+    fmt = _fmt(ctx, output)
+    if fmt.machine:
+        print_data({"name": name, "removed": True}, fmt)
+        return
     _console().print(f"unregistered workspace '{escape(name)}'")
