@@ -7,7 +7,10 @@ Semantics kept: server-set metadata (`uid`, `creationTimestamp`, `resourceVersio
 resource and gets 409 Conflict when it is stale), create-on-apply, status resets (the main
 resource ignores `status`, `/status` ignores everything else), finalizers (delete sets
 `deletionTimestamp` and the object goes when its finalizers are cleared), `dryRun=All`,
-no-op writes (no new revision, no event), and CRDs registering their resources. The built-in
+no-op writes (no new revision, no event), namespaces (`default`, `kube-system`, `kube-public`
+and `kube-node-lease` exist from the start; a create, or an apply that creates, into a
+namespace that does not exist is 404 `namespaces "X" not found`, as the NamespaceLifecycle
+admission answers), and CRDs registering their resources. The built-in
 workload kinds (Deployment, Service, ...) are decoded, defaulted and validated by
 `builtin_kinds.py`.
 
@@ -449,6 +452,8 @@ class Kube:
                 raise KubeError(500, "", f"failed to create typed patch object ({where}; {rt.api_version}, Kind={rt.kind}): {detail}")
         if old is None and sub:
             raise self._nf(rt, name)
+        if old is None:  # an apply that creates: admission refuses a namespace that is not there
+            self._require_namespace(rt, ns)
         merged = managed.apply(old, applied, manager=manager, force=params.flag("force"), sub=sub, status_subresource=rt.status_subresource, now=now())
         for k in ("apiVersion", "kind"):
             merged[k] = applied[k]
