@@ -60,6 +60,52 @@ def workspace_add(
             help="JSON file with the workspace config (k8s: sources, providers, ...).",
         ),
     ] = None,
+    caliband_addr: Annotated[
+        str | None,
+        typer.Option(
+            "--caliband-addr",
+            metavar="HOST:PORT",
+            help="This workspace's own networked caliband (default: prosperod's "
+            "--caliband-addr, else the root's caliband over its Unix socket).",
+            rich_help_panel="Networked caliband",
+        ),
+    ] = None,
+    ca_file: Annotated[
+        str | None,
+        typer.Option(
+            "--ca-file",
+            help="PEM CA that caliband's certificate is verified with (enables TLS; a path on "
+            "prosperod's host).",
+            rich_help_panel="Networked caliband",
+        ),
+    ] = None,
+    token_file: Annotated[
+        str | None,
+        typer.Option(
+            "--token-file",
+            help="File holding caliband's bearer token (needs --ca-file; a path on prosperod's "
+            "host: the token stays in it, never stored nor shown).",
+            rich_help_panel="Networked caliband",
+        ),
+    ] = None,
+    server_name: Annotated[
+        str | None,
+        typer.Option(
+            "--server-name",
+            help="TLS server name of caliband (default: caliband).",
+            rich_help_panel="Networked caliband",
+        ),
+    ] = None,
+    caliband_source: Annotated[
+        str | None,
+        typer.Option(
+            "--caliband-source",
+            metavar="SOURCE",
+            help="The caliban source (a directory of caliband's root) this workspace's root "
+            "is: its spawns run there.",
+            rich_help_panel="Networked caliband",
+        ),
+    ] = None,
     output: OutputOpt = None,
     addr: AddrOpt = None,
     token: TokenOpt = None,
@@ -71,6 +117,9 @@ def workspace_add(
         body["root"] = root_abs
     if config_file is not None:
         body["config"] = _read_config(config_file, "--config")
+    endpoint = _caliband_endpoint(caliband_addr, ca_file, token_file, server_name, caliband_source)
+    if endpoint is not None:
+        body.setdefault("config", {})["caliband"] = endpoint
     with _client(ctx, addr, token) as c:
         resp = c.request("POST", "/api/workspaces", json_body=body)
     accepted = _accepted(resp)
@@ -85,6 +134,44 @@ def workspace_add(
         _print_accepted(name, accepted, "applied")
         return
     _console().print(f"registered workspace '{escape(name)}' at {escape(root_abs)}")
+
+
+def _caliband_endpoint(
+    caliband_addr: str | None,
+    ca_file: str | None,
+    token_file: str | None,
+    server_name: str | None,
+    source: str | None,
+) -> dict[str, Any] | None:
+    """`config.caliband` from the options (files made absolute here: prosperod checks that
+    they are readable on its host), or None when none is given."""
+    if caliband_addr is None:
+        given = [
+            o
+            for o, v in (
+                ("--ca-file", ca_file),
+                ("--token-file", token_file),
+                ("--server-name", server_name),
+                ("--caliband-source", source),
+            )
+            if v is not None
+        ]
+        if given:
+            raise typer.BadParameter(
+                f"{', '.join(given)} describe a networked caliband: give its --caliband-addr",
+                param_hint="--caliband-addr",
+            )
+        return None
+    out: dict[str, Any] = {"addr": caliband_addr}
+    if ca_file:
+        out["ca_file"] = abs_path(ca_file)
+    if token_file:
+        out["token_file"] = abs_path(token_file)
+    if server_name:
+        out["server_name"] = server_name
+    if source:
+        out["source"] = source
+    return out
 
 
 def _read_config(path: Path, option: str) -> dict[str, Any]:
@@ -244,6 +331,11 @@ def workspace_config(
     if parsed:
         body["env"] = parsed
     with _client(ctx, addr, token) as c:
+        if config_file is None and "caliband" not in body:
+            # The provider options leave the workspace's own caliband endpoint as it is.
+            current = _summary(c, name).get("config")
+            if isinstance(current, dict) and current.get("caliband"):
+                body["caliband"] = current["caliband"]
         resp = c.request(
             "PUT", f"/api/workspaces/{seg(name)}/config", json_body=body, send_body=True
         )
