@@ -24,9 +24,9 @@ T = 20.0
 
 
 @contextlib.asynccontextmanager
-async def networked(tmp: Path, name: str, *, subdirs: tuple[str, ...] = ()) -> AsyncIterator[
-    tuple[FakeCaliband, dict[str, Any]]
-]:
+async def networked(
+    tmp: Path, name: str, *, subdirs: tuple[str, ...] = ()
+) -> AsyncIterator[tuple[FakeCaliband, dict[str, Any]]]:
     """A TLS + token fake caliband rooted at tmp/name, and the `caliband` config naming it."""
     root = tmp / name
     root.mkdir()
@@ -104,9 +104,7 @@ async def test_workspaces_on_two_networked_calibands_and_a_local_one(
         pre_right = await fake_b.add_agent(working_dir=f"{canon_b}/right/.caliban/wt", serve=False)
         pre_over = await fake_b.add_agent(working_dir=f"{canon_b}/leftover", serve=False)
 
-        spawned = {
-            ws: await stack.spawn("hello", ws=ws) for ws in ("loc", "edge", "far", "left")
-        }
+        spawned = {ws: await stack.spawn("hello", ws=ws) for ws in ("loc", "edge", "far", "left")}
         assert spawned["loc"] in stack.fakes["loc"].agents
         assert spawned["edge"] in fake_a.agents and spawned["edge"] not in fake_b.agents
         assert spawned["far"] in fake_b.agents and spawned["far"] not in fake_a.agents

@@ -62,9 +62,7 @@ def network_config(cfg: CalibandEndpointConfig) -> CalibandNetworkConfig:
     ca_file = _absolute_file(cfg.ca_file, "ca_file") if cfg.ca_file else None
     token_file = _absolute_file(cfg.token_file, "token_file") if cfg.token_file else None
     if token_file and not ca_file:
-        raise InvalidConfig(
-            "caliband token_file needs ca_file: the token would travel in clear"
-        )
+        raise InvalidConfig("caliband token_file needs ca_file: the token would travel in clear")
     if cfg.server_name is not None and not ca_file:
         raise InvalidConfig("caliband server_name needs ca_file (it names the TLS server)")
     security: NetworkSecurity | None = None

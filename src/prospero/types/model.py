@@ -71,7 +71,9 @@ class CalibandEndpointConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     addr: Name = Field(
-        min_length=1, max_length=300, description="HOST:PORT (or [v6]:PORT) of caliband's TCP listener"
+        min_length=1,
+        max_length=300,
+        description="HOST:PORT (or [v6]:PORT) of caliband's TCP listener",
     )
     ca_file: Name | None = Field(
         default=None,

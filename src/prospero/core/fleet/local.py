@@ -316,6 +316,4 @@ def _places(rec: AgentRecord, root: str, others: tuple[str, ...]) -> bool:
         return True
     if not root_contains(root, wd):
         return False
-    return not any(
-        o != root and root_contains(root, o) and root_contains(o, wd) for o in others
-    )
+    return not any(o != root and root_contains(root, o) and root_contains(o, wd) for o in others)
