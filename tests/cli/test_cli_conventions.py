@@ -152,6 +152,23 @@ def test_get_and_describe(cli: Cli, live: LiveStack) -> None:
     assert res.exit_code == 2 and "expected agents, workspaces or decisions" in res.output
 
 
+def test_a_workspaces_own_caliband_is_shown(cli: Cli, live: LiveStack) -> None:
+    root = live.add_workspace("remote", register=False)
+    body = {"name": "remote", "root": root, "config": {"caliband": {"addr": "127.0.0.1:9"}}}
+    r = httpx.post(f"{live.url}/api/workspaces", json=body, timeout=30)
+    assert r.status_code in (201, 204), r.text
+    try:
+        header, rows = table(cli("workspace", "list", "-o", "wide").stdout)
+        row = next(r for r in rows if r[0] == "remote")
+        assert row[header.index("CALIBAND")] == "127.0.0.1:9"
+        out = cli("describe", "workspace", "remote").stdout
+        assert re.search(r"^Caliband: +127\.0\.0\.1:9$", out, re.M), out
+        out = cli("describe", "workspace", "alpha").stdout
+        assert re.search(r"^Caliband: +prosperod's default", out, re.M), out
+    finally:
+        assert cli("workspace", "rm", "remote").exit_code == 0
+
+
 def test_logs_prints_history_without_following(cli: Cli, live: LiveStack) -> None:
     agent_id = spawn(cli, "beta", "slow job", "--label", "logged")
     live.wait_for(lambda: len(live.events(agent_id)) >= 4, what="some history")

@@ -227,7 +227,7 @@ def render_workspaces(console: Console, rows: Sequence[WorkspaceSummary], wide: 
     phases = wide or any(ws.status is not None for ws in rows)
     header = ["NAME", "HEALTH", "AGENTS", "PROVIDER"]
     header += ["PHASE"] if phases else []
-    header += ["SOURCES", "ROOT", "REASON"] if wide else ["ROOT"]
+    header += ["SOURCES", "CALIBAND", "ROOT", "REASON"] if wide else ["ROOT"]
     out: list[list[Cell | str]] = []
     for ws in rows:
         cells: list[Cell | str] = [
@@ -243,6 +243,7 @@ def render_workspaces(console: Console, rows: Sequence[WorkspaceSummary], wide: 
             cells.append(Cell(phase, "green" if phase in ("Ready", NONE) else "yellow"))
         if wide:
             cells.append(", ".join(s.name for s in ws.sources) or NONE)
+            cells.append(ws.config.caliband.addr if ws.config.caliband is not None else NONE)
         cells.append(ws.root or NONE)
         if wide:
             reason = health_reason(ws.health)
@@ -340,6 +341,17 @@ def describe_agent(
         console.print(f"  {d.id}  {tool_text(d.tool_call)}  {fmt_deadline(d.deadline)}")
 
 
+def caliband_text(ws: WorkspaceSummary) -> str:
+    """The workspace's own networked caliband, or where its caliband is found by default."""
+    cb = ws.config.caliband
+    if cb is None:
+        return "prosperod's default (--caliband-addr, else the root's Unix socket)"
+    extra = [x for x in ("TLS" if cb.ca_file else "", "token" if cb.token_file else "") if x]
+    if cb.source:
+        extra.append(f"source {cb.source}")
+    return cb.addr + (f" ({', '.join(extra)})" if extra else "")
+
+
 def describe_workspace(
     console: Console, ws: WorkspaceSummary, policy: WorkspacePolicy | None, agents: Sequence[Agent]
 ) -> None:
@@ -359,6 +371,8 @@ def describe_workspace(
         pairs.append(("API key from", f"${cfg.api_key_from_env} (prosperod's environment)"))
     if cfg.env:
         pairs.append(("Env", ", ".join(f"{k}={v}" for k, v in sorted(cfg.env.items()))))
+    if ws.status is None:  # the local backend (k8s: each pod's caliband)
+        pairs.append(("Caliband", caliband_text(ws)))
     if ws.status is not None:
         state = ws.status.phase + ("" if ws.status.current else " (not reconciled yet)")
         pairs.append(("Phase", state))
