@@ -208,6 +208,11 @@ async def test_two_k8s_replicas_elect_one_observer_and_hand_it_over(
     await wait_until(changed_to_done, T, interval=0.05, what="→ done recorded")
     changes = lifecycle_once(await history(survivor, waiting))
     assert [to for _, to in changes].count("done") == 1, changes
+    # its run ends too, once, whichever replica drove it (the dead one's lease on the agent
+    # outlives the status change: the survivor's run is refused until it expires)
+    await survivor.wait_finished(waiting, within=T)
+    kinds = [e["kind"]["kind"] for e in await history(survivor, waiting)]
+    assert kinds.count("agent_finished") == 1, kinds
     late_events = await history(survivor, late)
     late_changes = lifecycle_once(late_events)
     assert late_changes[-1] == ("running", "failed"), late_changes

@@ -388,20 +388,24 @@ class Polling(FleetState):
             if slot.driver is not None and slot.task is not None and not slot.task.done():
                 slot.driver.nudge()
         if status.terminal:
-            if slot.terminal_since is None:
+            first = slot.terminal_since is None
+            if first:
                 slot.terminal_since = time.monotonic()
                 await self._cancel_asks(rec.id, f"the agent is {status.value}")
-                driver = slot.driver
-                if (
-                    driver is not None
-                    and not driver.finished
-                    and (slot.task is None or slot.task.done())
-                    and drivable(rec, slot.meta)
-                ):
-                    # Its driver gave up (refused dials) before the run ended: one more run
-                    # now recovers the tail from the transcript, or concludes the run.
-                    slot.catchup = True
-                    self._ensure_driver(ws, rec)
+            driver = slot.driver
+            if (
+                (first or slot.lease_refused)
+                and driver is not None
+                and not driver.finished
+                and (slot.task is None or slot.task.done())
+                and drivable(rec, slot.meta)
+            ):
+                # Its driver gave up (refused dials) before the run ended: one more run now
+                # recovers the tail from the transcript, or concludes the run. A run refused
+                # the agent's lease (clustered: a crashed replica's lease outlives it by up to
+                # its TTL) is tried again at each poll, else the run is never concluded.
+                slot.catchup = True
+                self._ensure_driver(ws, rec)
             if sight is not None and not sight.finished and drivable(rec, slot.meta):
                 # Ended while no prosperod watched: one run recovers (or concludes) it.
                 slot.catchup = True

@@ -149,6 +149,10 @@ class AgentSlot:
     # A catch-up run (the agent ended while no prosperod watched): when it started running.
     catchup: bool = False
     catchup_started: float | None = None
+    # The last driver run here was refused the agent's lease (another replica, maybe a dead
+    # one whose lease has not expired yet, holds it): a terminal agent's run is tried again
+    # at each poll until one runs (polling.py `_apply_record`).
+    lease_refused: bool = False
     released: bool = False  # an ended ACP session's worker was released through caliband
     # Clustered: first listed here; announced (`agent_discovered`) at the next poll if nobody
     # has announced or spawned it by then (polling.py `_discover_pending`).

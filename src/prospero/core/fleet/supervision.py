@@ -106,6 +106,9 @@ class DriverSupervision(FleetState):
 
     async def _run_driver(self, agent_id: str, driver: AgentDriver) -> DriverExit:
         lease = await self.ownership.try_acquire(agent_id)
+        slot = self._slots.get(agent_id)
+        if slot is not None:
+            slot.lease_refused = lease is None
         if lease is None:
             self.metrics.add_gauge(m.ACTIVE_ATTACHES, -1)
             return DriverExit.closed
