@@ -149,7 +149,10 @@ async def test_two_k8s_replicas_elect_one_observer_and_hand_it_over(
             if "What next?" not in text:
                 return False
         kinds = [e["kind"]["kind"] for e in await history(a, foreign)]
-        return "agent_finished" in kinds and "status_changed" in kinds
+        # (announced `DISCOVER_GRACE` after the observer first listed it)
+        return "agent_finished" in kinds and "status_changed" in kinds and (
+            "agent_discovered" in kinds
+        )
 
     await wait_until(settled, T, interval=0.05, what="both agents' runs recorded")
     await a.wait_status(foreign, "done", within=T)

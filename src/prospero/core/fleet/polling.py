@@ -41,6 +41,11 @@ log = logging.getLogger("prospero.core.fleet.manager")  # as before the split
 
 # What a new lifecycle writer reads of its workspace's agents (`_rebase_lifecycle`).
 REBASE_KINDS = ("agent_spawned", "agent_discovered", "status_changed", "agent_gone")
+# Clustered, an agent first listed here is announced no sooner than this many seconds later
+# (and at least one poll later), if nobody has by then (`_discover_pending`). A count of polls
+# is no bound since polls follow the watch's pushes: a spawning replica slower than one poll
+# between creating the agent and storing `agent_spawned` had it announced as discovered too.
+DISCOVER_GRACE = 2.0
 ANNOUNCING_KINDS = ("agent_spawned", "agent_discovered")
 
 
@@ -226,8 +231,8 @@ class Polling(FleetState):
                     await self.emitter.emit(name, agent_id, AgentGone())
             elif agent_id in recorded:
                 slot.status = recorded[agent_id]
-            elif agent_id not in last:  # nobody announced it: the next poll checks again
-                slot.discover_pending = True
+            elif agent_id not in last:  # nobody announced it: a later poll checks again
+                self._defer_discovery(slot)
 
     async def _rebase_health(self, name: str, epoch: int) -> None:
         """A new term as the workspace's lifecycle writer (once per term, even while its
@@ -295,7 +300,7 @@ class Polling(FleetState):
                 slot = self._slots[rec.id] = AgentSlot(workspace=ws.name)
                 slot.meta = sight.meta if sight is not None else None
                 if self.ownership.shared:
-                    slot.discover_pending = True  # `_discover_pending` decides
+                    self._defer_discovery(slot)  # `_discover_pending` decides
                 elif (sight is None or not sight.seen_before) and self._writes_lifecycle(ws.name):
                     await self.emitter.emit(ws.name, rec.id, AgentDiscovered())
             await self._apply_record(ws, slot, rec, prev.get(rec.id), sight)
@@ -308,15 +313,25 @@ class Polling(FleetState):
                 await self._cancel_asks(gone_id, "the agent is gone")
                 await self._close_driver(gone_id)
 
+    @staticmethod
+    def _defer_discovery(slot: AgentSlot) -> None:
+        slot.discover_pending = True
+        slot.discover_at = time.monotonic() + DISCOVER_GRACE
+
     async def _discover_pending(self, name: str, records: list[ListedAgent]) -> None:
-        """Clustered, an agent first listed is announced one poll later, if by then nobody
-        has: no `agent_spawned` or `agent_discovered` stored, no metadata saying Prospero
-        spawned it. Another replica's spawn creates the agent before it records those (only
-        the spawning replica's own poll lock keeps its polls out of that window), and another
-        replica's driver may already have stored the agent's output and outcome (so "any
-        event or metadata stored" does not tell that it was announced)."""
+        """Clustered, an agent first listed is announced at a poll `DISCOVER_GRACE` later, if
+        by then nobody has: no `agent_spawned` or `agent_discovered` stored, no metadata
+        saying Prospero spawned it. Another replica's spawn creates the agent before it
+        records those (only the spawning replica's own poll lock keeps its polls out of that
+        window), and another replica's driver may already have stored the agent's output and
+        outcome (so "any event or metadata stored" does not tell that it was announced)."""
+        now = time.monotonic()
         pending = [
-            r.id for r in records if (s := self._slots.get(r.id)) is not None and s.discover_pending
+            r.id
+            for r in records
+            if (s := self._slots.get(r.id)) is not None
+            and s.discover_pending
+            and s.discover_at <= now
         ]
         if not pending:
             return

@@ -154,9 +154,11 @@ class AgentSlot:
     # at each poll until one runs (polling.py `_apply_record`).
     lease_refused: bool = False
     released: bool = False  # an ended ACP session's worker was released through caliband
-    # Clustered: first listed here; announced (`agent_discovered`) at the next poll if nobody
-    # has announced or spawned it by then (polling.py `_discover_pending`).
+    # Clustered: first listed here; announced (`agent_discovered`) at the first poll after
+    # `discover_at` (monotonic) if nobody has announced or spawned it by then (polling.py
+    # `_discover_pending`).
     discover_pending: bool = False
+    discover_at: float = 0.0
 
 
 class FleetState:
