@@ -9,6 +9,7 @@ without the server binaries fails those tests with what to install: they are nev
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -40,8 +41,6 @@ SERIAL = (
     "tests/api/test_slow_clients.py",
     "tests/core/test_leases.py",
     "tests/core/test_fencing.py",
-    "tests/core/test_ndjson_tail_bell.py",
-    "tests/core/test_ndjson_exactness.py",
 )
 
 
@@ -51,3 +50,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         rel = item.path.relative_to(root).as_posix()
         if rel.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`-m serial` (`./run test`'s second phase) does not collect the modules that hold no
+    serial test: collecting the contract tests alone costs ~35 s (schemathesis builds its
+    coverage cases then)."""
+    if config.getoption("markexpr", "") != "serial":
+        return None
+    try:
+        rel = collection_path.relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return None
+    if collection_path.is_dir():
+        inside = rel + "/"
+        keep = any(s.startswith(inside) or inside.startswith(s) for s in SERIAL)
+        return None if keep or rel == "." else True
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return None if rel.startswith(SERIAL) else True
+    return None
