@@ -62,8 +62,8 @@ def option_for(
     options: Sequence[DecisionOption], action: str, prefer: str | None = None
 ) -> DecisionOption | None:
     """The option that answers `allow` / `reject`: `prefer` (an option kind) if offered, else
-    the `*_once` one, else the `*_always` one, else any option of that family. (The CLI picks
-    its answer with this; `core.decisions.policy.option_for` is the same rule, for now a copy.)"""
+    the `*_once` one, else the `*_always` one, else any option of that family. (The CLI and
+    `core.decisions` pick their answers with this.)"""
     kinds = [k for k in (prefer, f"{action}_once", f"{action}_always") if k]
     for kind in kinds:
         for opt in options:

@@ -78,7 +78,6 @@ from prospero.core.decisions.policy import (
     WorkspacePolicies,
     command_of,
     evaluate_policy,
-    option_for,
     paths_of,
     rule_matches,
     rule_name,
@@ -93,6 +92,7 @@ from prospero.core.decisions.session_rules import SessionRules
 from prospero.core.decisions.views import outcome_of, pending_event, resolved_event, summary_of
 from prospero.core.decisions.waiting import LiveDecision, wait_for_answer
 from prospero.core.decisions.webhooks import WebhookNotifier
+from prospero.types.decisions import option_for
 
 __all__ = [
     "ANONYMOUS",

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prospero.core.errors import StoreError
 from prospero.core.store.decisions import DecisionStore
 from prospero.types.decisions import PolicyPatch, PolicyRule, WorkspacePolicy
-from prospero.types.events import DecisionOption, DecisionToolCall
+from prospero.types.events import DecisionToolCall
 from prospero.types.model import Posture
 
 log = logging.getLogger(__name__)
@@ -90,22 +89,6 @@ def evaluate_policy(
     for i, rule in enumerate(policy.rules):
         if rule_matches(rule, tc):
             return PolicyMatch(rule, rule_name(workspace, i, rule))
-    return None
-
-
-def option_for(
-    options: Sequence[DecisionOption], action: str, prefer: str | None = None
-) -> DecisionOption | None:
-    """The option that answers `allow` / `reject`: `prefer` (an option kind) if offered, else
-    the `*_once` one, else the `*_always` one, else any option of that family."""
-    kinds = [k for k in (prefer, f"{action}_once", f"{action}_always") if k]
-    for kind in kinds:
-        for opt in options:
-            if opt.kind == kind:
-                return opt
-    for opt in options:
-        if opt.kind.startswith(f"{action}_"):
-            return opt
     return None
 
 

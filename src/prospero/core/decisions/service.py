@@ -34,7 +34,7 @@ from prospero.core.decisions.names import (
     RESTART_NOTE,
     TIMED_OUT,
 )
-from prospero.core.decisions.policy import WorkspacePolicies, evaluate_policy, option_for
+from prospero.core.decisions.policy import WorkspacePolicies, evaluate_policy
 from prospero.core.decisions.session_rules import SessionRules, rule_of_answer
 from prospero.core.decisions.views import outcome_of, pending_event, resolved_event
 from prospero.core.decisions.waiting import (
@@ -48,7 +48,13 @@ from prospero.core.errors import StoreError
 from prospero.core.metrics import Metrics
 from prospero.core.permissions import PermissionOutcome, PermissionRequest
 from prospero.core.store.decisions import DecisionStore, SessionRule
-from prospero.types.decisions import Decision, DecisionState, PolicyPatch, WorkspacePolicy
+from prospero.types.decisions import (
+    Decision,
+    DecisionState,
+    PolicyPatch,
+    WorkspacePolicy,
+    option_for,
+)
 from prospero.types.events import DecisionOption, DecisionToolCall, EventKind, now_ts
 from prospero.types.model import Posture
 
