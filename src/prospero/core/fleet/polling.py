@@ -127,26 +127,9 @@ class Polling(FleetState):
         base = self.config.poll_interval
         cap = base * self.config.poll_idle_backoff
         quiet = now - self._changed_at.setdefault(name, now)
-        if (
-            cap <= base
-            or quiet < self.config.poll_quiet_after
-            or self._grace_running(name)
-            or self._standing_by(name)
-        ):
+        if cap <= base or quiet < self.config.poll_quiet_after or self._grace_running(name):
             return base
         return min(cap, max(base, quiet / 2))
-
-    def _standing_by(self, name: str) -> bool:
-        """Clustered: a live agent of the workspace is driven by another replica (this one was
-        refused its lease). Its polls must not back off: they are how this replica takes the
-        agent over, within the TTL plus one poll interval, when that replica dies."""
-        return any(
-            s.workspace == name
-            and s.lease_refused
-            and s.record is not None
-            and not (s.status is not None and s.status.terminal)
-            for s in self._slots.values()
-        )
 
     def _grace_running(self, name: str) -> bool:
         return any(
