@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from prospero.core.errors import InvalidConfig
+from prospero.core.fleet.caliband_spec import wire_spec
 from prospero.core.fleet.records import AgentSpec, ListedAgent
 from prospero.core.wire.control import AgentRecord, SpawnSpec
 from prospero.core.wire.k8s import (
@@ -73,18 +74,7 @@ def agent_spec_from_task(task: CalibanTask) -> AgentSpec:
 
 def pod_spawn_spec(task: CalibanTask) -> SpawnSpec:
     """The SpawnSpec a CR stands for (§8.3 step 2): what the pod's caliband is asked to run."""
-    kind, model = _resolved_provider(task)
-    return SpawnSpec(
-        label=task.name,
-        initial_prompt=task.spec.task.prompt,
-        provider=kind,
-        model=model,
-        tool_allowlist=task.spec.tools,
-        isolation_worktree=False,
-        inherit_hooks=True,
-        interactive=bool(task.spec.task.interactive),
-        drive_protocol=task.drive_protocol,
-    )
+    return wire_spec(agent_spec_from_task(task))
 
 
 def listed_from_task(task: CalibanTask) -> ListedAgent:

@@ -28,6 +28,7 @@ from prospero.core.caliband_client import CalibandClient
 from prospero.core.caliband_net import CalibandNetworkConfig, network_config, root_contains
 from prospero.core.discovery import ensure_caliband
 from prospero.core.errors import FleetUnreachable, InvalidConfig, TransportError
+from prospero.core.fleet.caliband_spec import agent_spec_from_wire, wire_spec
 from prospero.core.fleet.provider import ChangeListener
 from prospero.core.fleet.records import AgentSpec, ListedAgent, SpawnOutcome
 from prospero.core.provider_env import resolve_env
@@ -38,44 +39,10 @@ from prospero.core.transport import (
     close_writer,
     open_endpoint,
 )
-from prospero.core.wire.control import AgentRecord, SpawnSpec
+from prospero.core.wire.control import AgentRecord
 from prospero.types.model import CalibandEndpointConfig, RegisteredWorkspace
 
 log = logging.getLogger(__name__)
-
-
-def agent_spec_from_wire(spec: SpawnSpec) -> AgentSpec:
-    """caliband's echo of a spawn (its own fields: no posture) as the seam's spec."""
-    return AgentSpec(
-        prompt=spec.initial_prompt,
-        label=spec.label,
-        frontmatter_path=spec.frontmatter_path,
-        model=spec.model,
-        provider=spec.provider,
-        tool_allowlist=tuple(spec.tool_allowlist) if spec.tool_allowlist is not None else None,
-        worktree=spec.isolation_worktree,
-        inherit_hooks=spec.inherit_hooks,
-        interactive=spec.interactive,
-        source=spec.source,
-        drive_protocol=spec.drive_protocol,
-    )
-
-
-def wire_spec(spec: AgentSpec) -> SpawnSpec:
-    """The SpawnSpec caliband is sent for `spec`: its posture is not among caliband's fields."""
-    return SpawnSpec(
-        label=spec.label,
-        frontmatter_path=spec.frontmatter_path,
-        initial_prompt=spec.prompt,
-        model=spec.model,
-        provider=spec.provider,
-        tool_allowlist=list(spec.tool_allowlist) if spec.tool_allowlist is not None else None,
-        isolation_worktree=spec.worktree,
-        inherit_hooks=spec.inherit_hooks,
-        interactive=spec.interactive,
-        source=spec.source,
-        drive_protocol=spec.drive_protocol,
-    )
 
 
 def listed_from_wire(rec: AgentRecord) -> ListedAgent:
