@@ -95,9 +95,12 @@ class LeasedOwnership:
         self.keeper = keeper
         self.replica_id = keeper.owner
         self._on_lost: list[Callable[[str], None]] = []
+        # Key -> until when (keeper clock) this replica stands back from a lease it lost.
+        self._standing_back: dict[str, float] = {}
         previous = keeper.on_lost
 
         def lost(lease: HeldLease) -> None:
+            self._standing_back[lease.key] = keeper.clock() + keeper.ttl
             if previous is not None:
                 previous(lease)
             for cb in list(self._on_lost):
@@ -110,6 +113,15 @@ class LeasedOwnership:
         self._on_lost.append(callback)
 
     async def try_acquire(self, key: str) -> Lease | None:
+        """Take (or keep) the lease on `key`; None while another replica holds it — and for
+        one TTL after this replica lost it: a replica whose lease ran out under it (paused,
+        partitioned, its database link failing) is the suspect one, so a healthy peer gets
+        the first chance at the key. Without a peer the key is taken back after that TTL."""
+        until = self._standing_back.get(key)
+        if until is not None:
+            if self.keeper.clock() < until:
+                return None
+            del self._standing_back[key]
         lease = await self.keeper.acquire(key)
         return None if lease is None else Lease(key, lease.epoch)
 
