@@ -19,6 +19,7 @@ from tests.dashboard.conftest import DashStack, Session, SessionFactory, StackFa
 from tests.dashboard.test_agent import ends_done
 from tests.dashboard.test_approvals import finished, of_kind, pending_ids
 from tests.dashboard.test_security import INJECTED
+from tests.support import wait_until
 
 MINUS = "\u2212"  # the diff counts' minus sign
 
@@ -61,12 +62,26 @@ async def focused(page: Page, attr: str) -> str | None:
 
 
 async def assert_fits(s: Session, width: int) -> None:
-    """No horizontal overflow of the document, and the header is one row."""
+    """No horizontal overflow of the document, and the header is one row: polled (bounded),
+    since the page re-renders as the fleet updates and a layout measured mid-render is not
+    the one a reader sees; a real overflow stays and fails with the last measurement."""
     page = s.page
-    doc = await page.evaluate("document.documentElement.scrollWidth")
-    assert doc <= width, f"{page.url}: the document is {doc} px wide"
-    header = await page.evaluate("document.querySelector('.topbar').getBoundingClientRect().height")
-    assert header < 60, f"{page.url}: the header is {header} px high (more than one row)"
+    seen: dict[str, float] = {}
+
+    async def fits() -> bool:
+        seen["doc"] = await page.evaluate("document.documentElement.scrollWidth")
+        seen["header"] = await page.evaluate(
+            "document.querySelector('.topbar').getBoundingClientRect().height"
+        )
+        return seen["doc"] <= width and seen["header"] < 60
+
+    try:
+        await wait_until(fits, 5.0, interval=0.1, what="the page fits")
+    except AssertionError:
+        assert seen["doc"] <= width, f"{page.url}: the document is {seen['doc']} px wide"
+        raise AssertionError(
+            f"{page.url}: the header is {seen['header']} px high (more than one row)"
+        ) from None
 
 
 async def test_ndjson_edits_files_markdown_durations_search_keys_and_390px(
@@ -218,11 +233,21 @@ async def test_ndjson_edits_files_markdown_durations_search_keys_and_390px(
     await expect(row).to_be_visible()
     await assert_fits(narrow, 390)
     # (measured in one go: the list re-renders as the fleet updates)
-    right = await narrow.page.evaluate(
-        "Math.max(...[...document.querySelectorAll('tr.agent-row td')]"
-        ".map((td) => td.getBoundingClientRect().right))"
-    )
-    assert right <= 390, f"a cell of the agent row ends at {right} px"
+    rights: list[float] = []
+
+    async def cells_fit() -> bool:
+        rights.append(
+            await narrow.page.evaluate(
+                "Math.max(...[...document.querySelectorAll('tr.agent-row td')]"
+                ".map((td) => td.getBoundingClientRect().right))"
+            )
+        )
+        return rights[-1] <= 390
+
+    try:
+        await wait_until(cells_fit, 5.0, interval=0.1, what="the agent row fits")
+    except AssertionError:
+        raise AssertionError(f"a cell of the agent row ends at {rights[-1]} px") from None
     await narrow.page.locator(".ws-card").scroll_into_view_if_needed()  # the stacked rows
     await narrow.doc_shot("narrow-390-fleet")
     await narrow.open(f"#/agents/{agent_id}")
