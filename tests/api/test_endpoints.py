@@ -220,11 +220,17 @@ async def test_workspace_lifecycle(stack: Stack) -> None:
     root2 = stack.tmp / "second"
     root2.mkdir()
     r = await c.post("/api/workspaces", json={"name": "second", "root": str(root2)})
-    assert r.status_code == 201 and r.content == b""
+    # the workspace as listed, its health as the first reach of its caliband found it (no
+    # caliband serves this root and autostart is off: the cause and the fix)
+    assert r.status_code == 201, r.text
+    added = r.json()
+    assert added["name"] == "second" and added["root"] == str(root2.resolve())
+    assert added["agent_count"] == 0 and added["config"] == {}
+    assert added["health"]["state"] == "unreachable", added
+    assert "autostart is off: start `caliband --workspace-root" in added["health"]["reason"]
     # same name + same root again: idempotent
-    assert (
-        await c.post("/api/workspaces", json={"name": "second", "root": str(root2)})
-    ).status_code == 201
+    again = await c.post("/api/workspaces", json={"name": "second", "root": str(root2)})
+    assert again.status_code == 201 and again.json()["name"] == "second"
     # same name, other root / same root, other name: conflict
     other = stack.tmp / "other"
     other.mkdir()

@@ -130,6 +130,9 @@ def test_bodies_and_media_types(doc: dict[str, Any]) -> None:
             if code == "202" and (method, path) in k8s_accepted:
                 schema = resp["content"]["application/json"]["schema"]
                 assert schema["$ref"].endswith("/WorkspaceAccepted"), (method, path)
+            elif code == "201" and (method, path) == ("post", "/api/workspaces"):
+                schema = resp["content"]["application/json"]["schema"]
+                assert schema["$ref"].endswith("/WorkspaceSummary"), (method, path)
             elif code in ("201", "202", "204") and path != "/api/workspaces/{workspace}/agents":
                 assert "content" not in resp, (method, path, code)
     paths = doc["paths"]

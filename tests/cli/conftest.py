@@ -137,15 +137,19 @@ class LiveStack:
         self.call(self._start())
 
     async def _start(self) -> None:
+        # Autostart is off unless asked for; `default_env` given is laid over the runtime dir.
+        extra: dict[str, Any] = {"autostart": False, **self.config}
+        extra["default_env"] = {
+            "CALIBAN_DAEMON_RUNTIME_DIR": self.rundir,
+            **self.config.get("default_env", {}),
+        }
         cfg = DaemonConfig(
             bind_host="127.0.0.1",
             port=0,
             data_dir=self.tmp / "data",
             host_label="cli-test",
-            autostart=False,
             poll_interval=0.1,
-            default_env={"CALIBAN_DAEMON_RUNTIME_DIR": self.rundir},
-            **self.config,
+            **extra,
         )
         self.runtime = Runtime(cfg)
         await self.runtime.start()

@@ -4,10 +4,15 @@ that cannot work."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from tests.cli.conftest import Cli, LiveStack
+from prospero.core.discovery import autostarted_processes
+from tests.cli.conftest import Cli, LiveStack, git_repo
 
 
 def names(live: LiveStack) -> set[str]:
@@ -38,7 +43,7 @@ def test_workspace_add_refuses_a_root_that_is_not_a_directory(
         res = cli("workspace", "add", "c", root)
         assert res.exit_code == 2, res.output  # usage: the input as given is invalid
         assert res.stdout == "", res.stdout  # no "registered"
-        err = res.stderr.strip()
+        err = res.stderr.strip()  # one line (no progress: stderr is not a terminal)
         assert err == f"error: server returned 400: workspace root {root!r} {words}", err
         no_traceback(res)
         res = cli("workspace", "add", "c", root, "-o", "json")
@@ -46,3 +51,128 @@ def test_workspace_add_refuses_a_root_that_is_not_a_directory(
     # nothing was registered
     assert names(live) == before
     assert live.get("/api/workspaces/c/agents").status_code == 404
+
+
+# ---------------------------------------------------------------------------- autostart
+
+
+@contextlib.contextmanager
+def autostarting(tmp: Path, caliband_bin: str, **env: str) -> Iterator[tuple[LiveStack, Cli]]:
+    """A stack whose prosperod autostarts `caliband_bin` for a root no caliband serves (`env`
+    laid over the environment the caliband is started with)."""
+    stack = LiveStack(tmp / "stack", autostart=True, caliband_bin=caliband_bin, default_env=env)
+    with stack.serving():
+        yield stack, Cli(stack.url, tmp / "xdg")
+
+
+def executable(path: Path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def add_unreachable(cli: Cli, root: Path) -> tuple[str, dict[str, Any]]:
+    """`workspace add w ROOT`: registered (exit 0, stdout says so), the cause on stderr."""
+    res = cli("workspace", "add", "w", str(root))
+    assert res.exit_code == 0, res.output
+    no_traceback(res)
+    assert res.stdout.strip() == f"registered workspace 'w' at {root}", res.output
+    err = " ".join(res.stderr.split())  # (the console may wrap)
+    assert err.startswith("warning: "), err
+    assert "warning: the caliband of workspace 'w' is unreachable: " in err, err
+    assert "`prospero workspace list` shows its health" in err, err
+    row = json.loads(cli("workspace", "list", "-o", "json").stdout)[0]
+    assert row["name"] == "w" and row["health"]["state"] == "unreachable", row
+    assert row["health"]["reason"] in err, (row, err)
+    return err, row
+
+
+def test_autostart_without_caliband_on_path_says_so_and_how_to_fix_it(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    root = tmp_path / "w"
+    root.mkdir()
+    with autostarting(tmp_path, "caliband", PATH=str(empty)) as (_live, cli):
+        err, row = add_unreachable(cli, root)
+        want = (
+            "caliband not found on PATH: install caliban, or pass --caliband-bin PATH to "
+            "prosperod (or caliband_bin in its config file)"
+        )
+        assert row["health"]["reason"] == want, row
+        assert "Errno" not in err, err
+        # `ls` and `status` show the same cause, not a raw OSError
+        res = cli("status", "-o", "json")
+        fleet_ws = json.loads(res.stdout)["fleet"]["workspaces"][0]
+        assert fleet_ws["health"] == {"state": "unreachable", "reason": want}
+        # -o json carries it too (and nothing goes to stderr: no progress, no warning)
+        res = cli("workspace", "add", "w", str(root), "-o", "json")
+        assert res.exit_code == 0 and res.stderr == "", res.output
+        out = json.loads(res.stdout)
+        assert out["workspace"]["health"] == {"state": "unreachable", "reason": want}, out
+
+
+def test_autostart_of_a_caliband_that_dies_or_cannot_run(tmp_path: Path) -> None:
+    root = tmp_path / "w"
+    root.mkdir()
+    dies = executable(tmp_path / "dies", "#!/bin/sh\necho 'no licence' >&2\nexit 3\n")
+    with autostarting(tmp_path, dies) as (_live, cli):
+        _err, row = add_unreachable(cli, root)
+        reason = row["health"]["reason"]
+        assert f"caliband ('{dies}') for {root} exited with code 3 before listening" in reason
+        assert "prosperod's log" in reason, reason
+    not_exec = tmp_path / "not-exec"
+    not_exec.write_text("#!/bin/sh\n")
+    not_exec.chmod(0o644)
+    with autostarting(tmp_path, str(not_exec)) as (_live, cli):
+        _err, row = add_unreachable(cli, root)
+        assert row["health"]["reason"] == (
+            f"caliband binary {not_exec} cannot be executed (Permission denied): pass "
+            "--caliband-bin PATH to prosperod (or caliband_bin in its config file)"
+        )
+    with autostarting(tmp_path, str(tmp_path / "nowhere" / "caliband")) as (_live, cli):
+        _err, row = add_unreachable(cli, root)
+        assert row["health"]["reason"].startswith(
+            f"caliband binary {tmp_path / 'nowhere' / 'caliband'} does not exist: install"
+        )
+
+
+def test_autostart_that_works_registers_a_healthy_workspace_without_warning(
+    tmp_path: Path,
+) -> None:
+    root = git_repo(tmp_path / "w")
+    wrapper = executable(
+        tmp_path / "caliband",
+        f'#!/bin/sh\nexec "{sys.executable}" -m prospero.testkit.fake_caliband "$@"\n',
+    )
+    with autostarting(tmp_path, wrapper) as (_live, cli):
+        try:
+            res = cli("workspace", "add", "w", str(root))
+            assert res.exit_code == 0, res.output
+            assert res.stdout.strip() == f"registered workspace 'w' at {root}"
+            assert res.stderr == "", res.stderr  # no warning (and no progress: not a tty)
+            row = json.loads(cli("workspace", "list", "-o", "json").stdout)[0]
+            assert row["health"] == {"state": "healthy"}, row
+        finally:
+            for proc in autostarted_processes():  # detached by design: ended here
+                proc.terminate()
+                proc.wait(10)
+
+
+def test_a_terminal_sees_progress_while_prosperod_reaches_the_caliband(
+    cli: Cli, live: LiveStack, tmp_path: Path
+) -> None:
+    """On an interactive terminal a transient spinner says what `workspace add` waits for
+    (rich draws it on stderr and erases it once prosperod answers)."""
+    root = tmp_path / "tty"
+    root.mkdir()
+    tty = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
+    res = cli("workspace", "add", "tty", str(root), env=tty)
+    assert res.exit_code == 0, res.output
+    assert "registering workspace 'tty': checking its root and reaching its caliband…" in (
+        res.stderr
+    ), res.stderr
+    assert "warning: the caliband of workspace 'tty' is unreachable" in res.stderr
+    assert cli("workspace", "rm", "tty").exit_code == 0
+    res = cli("workspace", "add", "tty", str(root / "missing"), env=tty)
+    assert res.exit_code == 2, res.output
+    assert res.stderr.rstrip().endswith("does not exist"), res.stderr  # the error comes last

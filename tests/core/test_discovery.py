@@ -78,20 +78,34 @@ async def test_ensure_finds_running_caliband(tmp_path: Path) -> None:
 
 async def test_no_autostart_is_unreachable(tmp_path: Path) -> None:
     run = short_tmpdir()
-    with pytest.raises(CalibandUnreachable, match="autostart is off"):
+    with pytest.raises(CalibandUnreachable, match="autostart is off: start `caliband --work"):
         await ensure_caliband(tmp_path, autostart=False, env={"CALIBAN_DAEMON_RUNTIME_DIR": run})
     shutil.rmtree(run, ignore_errors=True)
 
 
-async def test_missing_binary_is_unreachable(tmp_path: Path) -> None:
+async def test_missing_binary_is_unreachable_with_the_fix(tmp_path: Path) -> None:
     run = short_tmpdir()
-    with pytest.raises(CalibandUnreachable, match="cannot start caliband"):
+    missing = tmp_path / "no-such-caliband"
+    with pytest.raises(CalibandUnreachable) as info:
+        await ensure_caliband(
+            tmp_path, autostart=True, binary=str(missing), env={"CALIBAN_DAEMON_RUNTIME_DIR": run}
+        )
+    assert str(info.value) == (
+        f"caliband binary {missing} does not exist: install caliban there, or pass "
+        "--caliband-bin PATH to prosperod (or caliband_bin in its config file)"
+    )
+    # a bare name is looked up on the PATH the caliband would be started with
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    with pytest.raises(CalibandUnreachable) as info:
         await ensure_caliband(
             tmp_path,
             autostart=True,
-            binary=str(tmp_path / "no-such-caliband"),
-            env={"CALIBAN_DAEMON_RUNTIME_DIR": run},
+            binary="caliband",
+            env={"CALIBAN_DAEMON_RUNTIME_DIR": run, "PATH": str(empty)},
         )
+    assert str(info.value).startswith("caliband not found on PATH: install caliban, or pass ")
+    assert "Errno" not in str(info.value)
     shutil.rmtree(run, ignore_errors=True)
 
 

@@ -137,7 +137,11 @@ async def test_add_workspace_from_the_fleet_page(
     await page.fill('.add-ws input[name="root"]', str(root))
     await page.click('.add-ws button[type="submit"]')
     await expect(page.locator('.ws-card[data-workspace="newws"]')).to_be_visible()
-    # no caliband serves it (autostart is off): shown as unreachable, no launch button
+    # no caliband serves it (autostart is off): the add says so, with the cause and the fix,
+    # and the card shows it unreachable, without a launch button
+    added = page.locator(".banner-error").last
+    await expect(added).to_contain_text("Workspace newws added, but its caliband is unreachable")
+    await expect(added).to_contain_text("autostart is off")
     await expect(
         page.locator('.ws-card[data-workspace="newws"] .health-unreachable')
     ).to_be_visible()

@@ -76,11 +76,13 @@ async def list_workspaces(st: State) -> Response:
     "/api/workspaces",
     operation_id="addWorkspace",
     status_code=201,
-    response_class=Response,
+    response_model=WorkspaceSummary,
     responses={**errors(400, 409, 422), **ACCEPTED},
     summary=(
-        "Register a workspace (local: 201, empty body; re-registering the same name+root is a "
-        "no-op. k8s: 202, the Workspace CR is applied; the same config again is a no-op)"
+        "Register a workspace (local: 201 with the workspace as listed, its `health` as the "
+        "first reach of its caliband found it — `unreachable` with the cause and the fix when "
+        "autostart or the dial failed; re-registering the same name+root is a no-op. k8s: 202, "
+        "the Workspace CR is applied; the same config again is a no-op)"
     ),
 )
 async def add_workspace(st: State, body: AddWorkspaceBody) -> Response:
@@ -98,7 +100,7 @@ async def add_workspace(st: State, body: AddWorkspaceBody) -> Response:
     if not body.root.strip():
         raise InvalidConfig("a local workspace needs a root directory")
     await mgr.add_workspace(body.name, body.root, config.local())
-    return empty(201)
+    return json_response(clean_workspace(dump(mgr.workspace_summary(body.name))), 201)
 
 
 @router.delete(

@@ -8,6 +8,7 @@ printed, and `list` shows each CR's phase.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +25,7 @@ from prospero.cli.app import (
     TokenOpt,
     _client,
     _console,
+    _err_console,
     _fmt,
     app,
     handle_errors,
@@ -33,6 +35,7 @@ from prospero.cli.output import OutputFormat, print_data
 from prospero.cli.params import PostureOpt, WorkspaceArg, abs_path, parse_timeout
 from prospero.types.api import WorkspaceSummary
 from prospero.types.k8s import WorkspaceAccepted
+from prospero.types.model import Unreachable
 
 workspace_app = typer.Typer(
     help="Register and configure workspaces (a root holding one or more git checkouts).",
@@ -120,20 +123,68 @@ def workspace_add(
     endpoint = _caliband_endpoint(caliband_addr, ca_file, token_file, server_name, caliband_source)
     if endpoint is not None:
         body.setdefault("config", {})["caliband"] = endpoint
-    with _client(ctx, addr, token) as c:
+    fmt = _fmt(ctx, output)
+    # prosperod answers once it has reached the workspace's caliband (autostart waits for the
+    # new caliband to listen, up to its startup timeout): a spinner says so meanwhile.
+    waiting = (
+        f"registering workspace '{escape(name)}': checking its root and reaching its caliband…"
+    )
+    with _client(ctx, addr, token) as c, _progress(waiting if root_abs else ""):
         resp = c.request("POST", "/api/workspaces", json_body=body)
     accepted = _accepted(resp)
-    fmt = _fmt(ctx, output)
+    added = _added(c, resp) if accepted is None else None
     if fmt.machine:
         out: dict[str, Any] = {"name": name, "root": root_abs, "status": resp.status_code}
         if accepted is not None:
             out["reconcile"] = accepted.status.model_dump(mode="json")
+        if added is not None:
+            out["workspace"] = added.model_dump(mode="json", exclude_none=True)
         print_data(out, fmt)
         return
     if accepted is not None:
         _print_accepted(name, accepted, "applied")
         return
     _console().print(f"registered workspace '{escape(name)}' at {escape(root_abs)}")
+    if added is not None:
+        _print_health(added)
+
+
+def _progress(text: str) -> contextlib.AbstractContextManager[Any]:
+    """A transient spinner on stderr while a slow request runs, on an interactive terminal
+    only: a script's stderr keeps one line per failure and nothing else."""
+    err = _err_console()
+    if not text or not err.is_interactive:
+        return contextlib.nullcontext()
+    return err.status(text, spinner="dots")
+
+
+def _added(c: Client, resp: httpx.Response) -> WorkspaceSummary | None:
+    """The 201 body of a local `add` (the workspace as listed after it), or None from a
+    prosperod that answers with an empty body."""
+    if not resp.content:
+        return None
+    try:
+        data = resp.json()
+    except ValueError:
+        raise CliError(
+            f"prosperod answered {resp.status_code} with an unexpected body: {resp.text[:200]}"
+        ) from None
+    return c.parse(data, WorkspaceSummary, "the workspace added")
+
+
+def _print_health(ws: WorkspaceSummary) -> None:
+    """On stderr, what stops the workspace's agents from running: its caliband unreachable."""
+    if isinstance(ws.health, Unreachable):
+        err = _err_console()
+        err.print(
+            f"[yellow]warning:[/yellow] the caliband of workspace '{escape(ws.name)}' is "
+            f"unreachable: {escape(ws.health.reason or 'no reason given')}"
+        )
+        err.print(
+            "  (it stays registered and is tried again at each poll: `prospero workspace list` "
+            "shows its health)",
+            style="dim",
+        )
 
 
 def _caliband_endpoint(

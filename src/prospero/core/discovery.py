@@ -132,28 +132,44 @@ async def ensure_caliband(
         return endpoint
     if not autostart:
         raise CalibandUnreachable(
-            f"caliband for {canonical} is not running (no listener at {path}) and autostart is off"
+            f"caliband for {canonical} is not running (no listener at {path}) and autostart is "
+            f"off: start `caliband --workspace-root {canonical}`, or run prosperod with --autostart"
         )
     log.info("autostarting caliband: %s --workspace-root %s (socket %s)", binary, canonical, path)
     try:
         proc = _launch_detached([binary, "--workspace-root", canonical], full_env, canonical)
     except OSError as e:
-        raise CalibandUnreachable(f"cannot start caliband ({binary!r}) for {canonical}: {e}") from e
+        raise CalibandUnreachable(launch_failure(binary, canonical, e)) from e
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         if await probe_unix(path, timeout=max(0.05, min(PROBE_TIMEOUT, deadline - loop.time()))):
+            log.info("caliband for %s listens on %s", canonical, path)
             return endpoint
         code = proc.poll()
         if code is not None:
             raise CalibandUnreachable(
                 f"caliband ({binary!r}) for {canonical} exited with code {code} before listening "
-                f"on {path}"
+                f"on {path} (its own message is in prosperod's log: caliband's stderr is "
+                "prosperod's)"
             )
         if loop.time() >= deadline:
             with contextlib.suppress(OSError):
                 proc.terminate()
             raise CalibandUnreachable(
-                f"caliband ({binary!r}) for {canonical} did not listen on {path} within {timeout:g}s"
+                f"caliband ({binary!r}) for {canonical} did not listen on {path} within "
+                f"{timeout:g}s and was stopped (see prosperod's log for its output)"
             )
         await asyncio.sleep(POLL_INTERVAL)
+
+
+def launch_failure(binary: str, root: str, e: OSError) -> str:
+    """Why `binary` could not be started for `root`, and what to do about it."""
+    fix = "pass --caliband-bin PATH to prosperod (or caliband_bin in its config file)"
+    if isinstance(e, FileNotFoundError):
+        if os.sep not in binary:
+            return f"{binary} not found on PATH: install caliban, or {fix}"
+        return f"caliband binary {binary} does not exist: install caliban there, or {fix}"
+    if isinstance(e, PermissionError):
+        return f"caliband binary {binary} cannot be executed ({e.strerror or e}): {fix}"
+    return f"cannot start caliband ({binary!r}) for {root}: {e}"

@@ -290,6 +290,12 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
             for w in self.snapshot().workspaces
         ]
 
+    def workspace_summary(self, name: str) -> WorkspaceSummary:
+        """One registered workspace as `GET /api/workspaces` lists it (after a write: its
+        health as the write's poll found it)."""
+        self._ws(name)
+        return next(w for w in self.list_workspaces() if w.name == name)
+
     async def readiness(self) -> Readiness:
         writable = await self.store.writable()
         healthy = sum(1 for n in self._workspaces if isinstance(self._health.get(n), Healthy))
@@ -360,7 +366,6 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
             self._workspaces[name] = new
         await self.provider.restart(new)
         await self.poll_workspace(name)
-
 
     # ------------------------------------------------------------------ workspace admin (k8s)
 

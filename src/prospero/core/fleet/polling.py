@@ -269,6 +269,10 @@ class Polling(FleetState):
     async def _set_health(self, name: str, health: WorkspaceHealth) -> None:
         prev = self._health.get(name)
         self._health[name] = health
+        if isinstance(health, Unreachable) and not isinstance(prev, Unreachable):
+            log.warning("workspace %s: its caliband is unreachable: %s", name, health.reason)
+        elif isinstance(prev, Unreachable) and isinstance(health, Healthy):
+            log.info("workspace %s: its caliband is reachable again", name)
         if prev is not None and prev == health:
             return
         if prev is None and isinstance(health, Healthy):

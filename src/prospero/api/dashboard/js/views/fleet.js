@@ -291,6 +291,8 @@ function addWorkspaceForm(onDone) {
         submit: async (e) => {
           e.preventDefault();
           submit.disabled = true;
+          // prosperod answers once it has reached the workspace's caliband (or failed to).
+          submit.textContent = "Adding… (reaching its caliband)";
           try {
             const body = { name: name.value.trim(), root: root.value.trim() };
             const caliband = {};
@@ -298,14 +300,24 @@ function addWorkspaceForm(onDone) {
               if (input.value.trim()) caliband[k] = input.value.trim();
             }
             if (Object.keys(caliband).length) body.config = { caliband };
-            await post("/api/workspaces", body);
-            banner(`Workspace ${name.value.trim()} added`, "ok");
+            const added = await post("/api/workspaces", body);
+            const health = added && added.health;
+            if (health && health.state === "unreachable") {
+              banner(
+                `Workspace ${name.value.trim()} added, but its caliband is unreachable: ` +
+                  `${health.reason || "no reason given"}`,
+                "error",
+              );
+            } else {
+              banner(`Workspace ${name.value.trim()} added`, "ok");
+            }
             await state.refreshFleet();
             onDone();
           } catch (err) {
             banner(err instanceof ApiError ? err.message : String(err), "error");
           } finally {
             submit.disabled = false;
+            submit.textContent = "Add workspace";
           }
         },
       },
