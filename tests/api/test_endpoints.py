@@ -3,6 +3,8 @@ envelope for 400/404/405/409/413/422/502/503, against a real uvicorn server."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -60,7 +62,7 @@ async def test_openapi_lists_every_endpoint(stack: Stack) -> None:
         "/api/usage": {"get"},
         "/api/workspaces": {"get", "post"},
         "/api/workspaces/{name}": {"delete"},
-        "/api/workspaces/{name}/config": {"put"},
+        "/api/workspaces/{name}/config": {"put", "patch"},
         "/api/workspaces/{workspace}/agents": {"get", "post"},
         "/api/agents/{agent_id}": {"get", "delete"},
         "/api/cluster": {"get"},
@@ -305,6 +307,50 @@ async def test_put_config_replaces_and_restarts_caliband(stack: Stack) -> None:
         "provider_misconfigured",
     )
     envelope(await c.put("/api/workspaces/ws/config", json={"env": "nope"}), 422, "invalid_request")
+
+
+async def test_patch_config_changes_only_the_fields_given(stack: Stack) -> None:
+    c = stack.client
+    await stack.add_workspace("pat")
+    fake = stack.fakes["pat"]
+
+    async def config() -> dict[str, Any]:
+        rows = {w["name"]: w for w in (await c.get("/api/workspaces")).json()}
+        return dict(rows["pat"]["config"])
+
+    # nothing changes: nothing is restarted (the fake caliband counts its shutdowns)
+    for same in ({}, {"provider": None}, {"env": {"GONE": None}}, {"env": None}):
+        r = await c.patch("/api/workspaces/pat/config", json=same)
+        assert r.status_code == 200 and r.json()["config"] == {}, r.text
+    assert fake.shutdown_count == 0
+    # a change restarts the workspace's caliband; the answer is the workspace as listed
+    body = {"provider": "ollama", "base_url": "http://gpu:11434", "env": {"A": "1", "B": "2"}}
+    r = await c.patch("/api/workspaces/pat/config", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["name"] == "pat" and r.json()["config"] == body
+    assert fake.shutdown_count == 1
+    # one field: the others are kept
+    r = await c.patch("/api/workspaces/pat/config", json={"env": {"C": "3"}})
+    assert r.status_code == 200, r.text
+    want = {**body, "env": {"A": "1", "B": "2", "C": "3"}}
+    assert r.json()["config"] == want and await config() == want
+    # null clears a field; an env variable given null is removed; env null removes them all
+    r = await c.patch("/api/workspaces/pat/config", json={"base_url": None, "env": {"A": None}})
+    assert r.status_code == 200, r.text
+    assert await config() == {"provider": "ollama", "env": {"B": "2", "C": "3"}}
+    r = await c.patch("/api/workspaces/pat/config", json={"env": None})
+    assert await config() == {"provider": "ollama"}
+
+    # bad input is refused and loses nothing
+    envelope(await c.patch("/api/workspaces/nope/config", json={}), 404, "not_found")
+    for bad in ({"api_key_from_env": "K"}, {"env": {"": "x"}}):  # (ollama takes no key)
+        envelope(
+            await c.patch("/api/workspaces/pat/config", json=bad), 400, "provider_misconfigured"
+        )
+    for bad in ({"bogus": 1}, {"env": "nope"}, {"caliband": {"x": 1}}, {"provider": 7}):
+        envelope(await c.patch("/api/workspaces/pat/config", json=bad), 422, "invalid_request")
+    envelope(await c.patch("/api/workspaces/pat/config", json=[1]), 422, "invalid_request")
+    assert await config() == {"provider": "ollama"}
 
 
 # ------------------------------------------------------------------------------ agents

@@ -259,6 +259,9 @@ async def test_bad_k8s_workspace_input_is_a_clear_error_and_changes_nothing(
         "invalid_config",
         "source",
     )
+    # the CR is replaced whole: no merge patch of it (the answer says what to do instead)
+    r = await stack.client.patch("/api/workspaces/app/config", json={"env": {"A": "1"}})
+    error(r, 409, "unsupported", "replaced whole: PUT /api/workspaces/app/config")
     # nothing was lost or added
     assert cluster.kube.store.get(WORKSPACES, NS, "app") == before
     assert [o["metadata"]["name"] for o in cluster.kube.store.items(WORKSPACES, NS)] == ["app"]

@@ -69,6 +69,7 @@ EXPECTED: dict[tuple[str, str], Scope | None] = {
     ("POST", "/api/workspaces"): ADMIN,
     ("DELETE", "/api/workspaces/{name}"): ADMIN,
     ("PUT", "/api/workspaces/{name}/config"): ADMIN,
+    ("PATCH", "/api/workspaces/{name}/config"): ADMIN,
     ("PUT", "/api/workspaces/{workspace}/policy"): ADMIN,
     ("PATCH", "/api/workspaces/{workspace}/policy"): ADMIN,
 }

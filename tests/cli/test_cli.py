@@ -85,10 +85,10 @@ def test_workspace_add_list_config_rm(cli: Cli, live: LiveStack) -> None:
     assert cfg["api_key_from_env"] == "MY_KEY"
     assert cfg["env"] == {"A": "b=c", "X": "1"}
 
-    # Omitted fields are cleared (PUT replaces the config wholesale).
+    # Only the fields given change (PATCH): the provider stays.
     assert cli("workspace", "config", "gamma", "--env", "X=2").exit_code == 0
     cfg = next(r for r in live.get("/api/workspaces").json() if r["name"] == "gamma")["config"]
-    assert cfg.get("provider") is None and cfg["env"] == {"X": "2"}
+    assert cfg["provider"] == "anthropic" and cfg["env"] == {"A": "b=c", "X": "2"}
 
     # A bad --env is a usage error, before any request.
     res = cli("workspace", "config", "gamma", "--env", "=nokey")

@@ -19,6 +19,11 @@ def names(live: LiveStack) -> set[str]:
     return {r["name"] for r in live.get("/api/workspaces").json()}
 
 
+def said(res: Any) -> str:
+    """What a command printed, as one line (the console wraps; usage errors come boxed)."""
+    return " ".join(str(res.output).replace("│", " ").split())
+
+
 def no_traceback(res: object) -> None:
     out = getattr(res, "output", "")
     assert "Traceback" not in out, out
@@ -176,3 +181,68 @@ def test_a_terminal_sees_progress_while_prosperod_reaches_the_caliband(
     res = cli("workspace", "add", "tty", str(root / "missing"), env=tty)
     assert res.exit_code == 2, res.output
     assert res.stderr.rstrip().endswith("does not exist"), res.stderr  # the error comes last
+
+
+# ---------------------------------------------------------------------------- workspace config
+
+
+def config_of(live: LiveStack, name: str) -> dict[str, Any]:
+    row = next(r for r in live.get("/api/workspaces").json() if r["name"] == name)
+    return dict(row["config"])
+
+
+def test_workspace_config_changes_only_the_fields_given(
+    cli: Cli, live: LiveStack, tmp_path: Path
+) -> None:
+    root = git_repo(tmp_path / "patchy")
+    assert cli("workspace", "add", "patchy", str(root)).exit_code == 0
+    res = cli(
+        "workspace", "config", "patchy", "--provider", "ollama",
+        "--base-url", "http://gpu:11434", "--env", "A=1", "--env", "B=2",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    full = {"provider": "ollama", "base_url": "http://gpu:11434", "env": {"A": "1", "B": "2"}}
+    assert config_of(live, "patchy") == full
+
+    # --env FOO=1 adds FOO; the provider, the base URL and the other variables stay
+    res = cli("workspace", "config", "patchy", "--env", "FOO=1")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == "updated provider config for workspace 'patchy'"
+    assert config_of(live, "patchy") == {**full, "env": {"A": "1", "B": "2", "FOO": "1"}}
+    # -o json shows the workspace after the change, as the PATCH answered it
+    res = cli("workspace", "config", "patchy", "--unset-env", "A", "-o", "json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["workspace"]["config"]["env"] == {"B": "2", "FOO": "1"}, out
+
+    # --clear-… unsets a field
+    res = cli("workspace", "config", "patchy", "--clear-base-url")
+    assert res.exit_code == 0, res.output
+    assert config_of(live, "patchy") == {"provider": "ollama", "env": {"B": "2", "FOO": "1"}}
+    res = cli("workspace", "config", "patchy", "--clear-env", "--env", "ONLY=1")
+    assert res.exit_code == 0, res.output
+    assert config_of(live, "patchy") == {"provider": "ollama", "env": {"ONLY": "1"}}
+    res = cli("workspace", "config", "patchy", "--clear-env", "--clear-provider")
+    assert res.exit_code == 0, res.output
+    assert config_of(live, "patchy") == {}
+
+    # contradictions and empty values are usage errors, before any request
+    assert cli("workspace", "config", "patchy", "--provider", "ollama").exit_code == 0
+    for args, words in (
+        (("--provider", "x", "--clear-provider"), "--provider and --clear-provider contradict"),
+        (("--provider", ""), "--provider needs a value (to unset it: --clear-provider)"),
+        (("--env", "K=1", "--unset-env", "K"), "K: given to both --env and --unset-env"),
+        (("--unset-env", ""), "expected a variable name"),
+        (("--file", str(tmp_path / "c.json"), "--clear-env"), "--file replaces the whole config"),
+    ):
+        res = cli("workspace", "config", "patchy", *args)
+        assert res.exit_code == 2, (args, res.output)
+        assert words in said(res), (args, res.output)
+        no_traceback(res)
+    # the server's refusal loses nothing either
+    res = cli("workspace", "config", "patchy", "--api-key-env", "K")
+    assert res.exit_code == 2 and "takes no API key" in res.stderr, res.output
+    assert config_of(live, "patchy") == {"provider": "ollama"}
+    res = cli("workspace", "config", "nope", "--env", "A=1")
+    assert res.exit_code == 3, res.output
+    assert cli("workspace", "rm", "patchy").exit_code == 0

@@ -117,6 +117,7 @@ ROUTE_TABLE: tuple[Rule, ...] = (
     _rule(POST, "/api/workspaces", ADMIN),
     _rule(DELETE, "/api/workspaces/{name}", ADMIN),
     _rule(PUT, "/api/workspaces/{name}/config", ADMIN),
+    _rule(PATCH, "/api/workspaces/{name}/config", ADMIN),
     _rule(PUT, "/api/workspaces/{workspace}/policy", ADMIN),
     _rule(PATCH, "/api/workspaces/{workspace}/policy", ADMIN),
     # read: every other GET/HEAD of the API (snapshots, history, streams, usage, metrics)

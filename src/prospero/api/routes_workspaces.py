@@ -17,7 +17,7 @@ from prospero.api.deps import ApiState, api_state
 from prospero.api.errors import InvalidRequest
 from prospero.api.responses import clean_workspace, dump, empty, errors, json_response
 from prospero.api.routes_cluster import fill_owners
-from prospero.core.errors import InvalidConfig
+from prospero.core.errors import InvalidConfig, Unsupported
 from prospero.types.api import (
     AddWorkspaceBody,
     SpawnedResponse,
@@ -25,7 +25,7 @@ from prospero.types.api import (
     WorkspaceSummary,
 )
 from prospero.types.k8s import WorkspaceAccepted, WorkspaceConfig
-from prospero.types.model import Agent
+from prospero.types.model import Agent, RepoProviderConfigPatch
 
 router = APIRouter(tags=["workspaces"])
 
@@ -130,8 +130,9 @@ async def remove_workspace(st: State, name: WorkspaceName) -> Response:
     response_class=Response,
     responses={**errors(400, 404, 422), **ACCEPTED},
     summary=(
-        "Replace the workspace's config wholesale (local: 204, its caliband restarted; k8s: "
-        "202, the Workspace CR re-applied for the operator to reconcile)"
+        "Replace the workspace's config wholesale: omitted fields are cleared (local: 204, its "
+        "caliband restarted; k8s: 202, the Workspace CR re-applied for the operator to "
+        "reconcile). To change some fields only: PATCH"
     ),
 )
 async def set_workspace_config(st: State, name: WorkspaceName, body: WorkspaceConfig) -> Response:
@@ -141,6 +142,31 @@ async def set_workspace_config(st: State, name: WorkspaceName, body: WorkspaceCo
         return json_response(accepted, 202)
     await mgr.set_workspace_config(name, local_config(body).local())
     return empty(204)
+
+
+@router.patch(
+    "/api/workspaces/{name}/config",
+    operation_id="patchWorkspaceConfig",
+    response_model=WorkspaceSummary,
+    responses=errors(400, 404, 409, 422),
+    summary=(
+        "Change some fields of a local workspace's config (a JSON merge patch: a field given "
+        "replaces it, null clears it, one left out is kept; env merges by variable, null "
+        "removing one). 200 with the workspace as listed; its caliband is restarted unless "
+        "nothing changed. k8s: 409, the Workspace CR is replaced whole with PUT"
+    ),
+)
+async def patch_workspace_config(
+    st: State, name: WorkspaceName, body: RepoProviderConfigPatch
+) -> Response:
+    mgr = st.manager
+    if mgr.workspace_admin is not None:
+        raise Unsupported(
+            "a k8s workspace's config is its Workspace CR, replaced whole: PUT "
+            f"/api/workspaces/{name}/config (prospero workspace config {name} --file FILE.json)"
+        )
+    await mgr.patch_workspace_config(name, body)
+    return json_response(clean_workspace(dump(mgr.workspace_summary(name))))
 
 
 @router.get(

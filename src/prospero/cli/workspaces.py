@@ -300,6 +300,21 @@ def _parse_env(values: list[str] | None) -> dict[str, str]:
     return env
 
 
+CLEAR = "Unset a field"
+
+
+def _check_config_options(**given: tuple[str | None, bool]) -> None:
+    """A field is set or cleared, not both; an empty value is not a way to clear it."""
+    for option, (value, clear) in given.items():
+        flag = "--" + option.replace("_", "-")
+        if value is not None and clear:
+            raise typer.BadParameter(f"{flag} and --clear-{flag[2:]} contradict", param_hint=flag)
+        if value is not None and not value.strip():
+            raise typer.BadParameter(
+                f"{flag} needs a value (to unset it: --clear-{flag[2:]})", param_hint=flag
+            )
+
+
 @workspace_app.command("config")
 @handle_errors
 def workspace_config(
@@ -313,14 +328,48 @@ def workspace_config(
     ] = None,
     env: Annotated[
         list[str] | None,
-        typer.Option("--env", help="KEY=VALUE for the workspace's caliband (repeatable)."),
+        typer.Option(
+            "--env", help="KEY=VALUE for the workspace's caliband (repeatable; others are kept)."
+        ),
     ] = None,
+    unset_env: Annotated[
+        list[str] | None,
+        typer.Option("--unset-env", metavar="KEY", help="Remove this variable (repeatable)."),
+    ] = None,
+    clear_provider: Annotated[
+        bool, typer.Option("--clear-provider", help="Unset the provider.", rich_help_panel=CLEAR)
+    ] = False,
+    clear_base_url: Annotated[
+        bool, typer.Option("--clear-base-url", help="Unset the base URL.", rich_help_panel=CLEAR)
+    ] = False,
+    clear_api_key_env: Annotated[
+        bool,
+        typer.Option(
+            "--clear-api-key-env", help="Unset the API key variable.", rich_help_panel=CLEAR
+        ),
+    ] = False,
+    clear_env: Annotated[
+        bool,
+        typer.Option(
+            "--clear-env",
+            help="Remove every variable (with --env: every one but those given).",
+            rich_help_panel=CLEAR,
+        ),
+    ] = False,
+    clear_caliband: Annotated[
+        bool,
+        typer.Option(
+            "--clear-caliband",
+            help="Drop the workspace's own networked caliband (back to prosperod's default).",
+            rich_help_panel=CLEAR,
+        ),
+    ] = False,
     config_file: Annotated[
         Path | None,
         typer.Option(
             "--file",
-            help="JSON file with the whole config to set (k8s: sources, providers, ...); "
-            "not with the provider options.",
+            help="JSON file with the whole config to set, replacing it (k8s: sources, "
+            "providers, ...); not with the provider options.",
         ),
     ] = None,
     posture: Annotated[
@@ -342,61 +391,83 @@ def workspace_config(
     addr: AddrOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Replace a workspace's provider config (omitted fields are cleared), and/or set its
-    permission defaults (--posture, --decision-timeout: only these change when they are the
-    only options given)."""
-    provider_given = bool(provider or base_url or api_key_env or env)
-    if config_file is not None and provider_given:
+    """Change a workspace's provider config: only the fields given change (--clear-… unsets
+    one; --file replaces the whole config), and/or its permission defaults (--posture,
+    --decision-timeout)."""
+    parsed = _parse_env(env)
+    unset = [k.strip() for k in unset_env or []]
+    _check_config_options(
+        provider=(provider, clear_provider),
+        base_url=(base_url, clear_base_url),
+        api_key_env=(api_key_env, clear_api_key_env),
+    )
+    both = sorted(set(parsed) & set(unset))
+    if both:
+        raise typer.BadParameter(
+            f"{', '.join(both)}: given to both --env and --unset-env", param_hint="--unset-env"
+        )
+    if any(not k for k in unset):
+        raise typer.BadParameter("expected a variable name", param_hint="--unset-env")
+    patch: dict[str, Any] = {}
+    for key, value, clear in (
+        ("provider", provider, clear_provider),
+        ("base_url", base_url, clear_base_url),
+        ("api_key_from_env", api_key_env, clear_api_key_env),
+    ):
+        if value is not None or clear:
+            patch[key] = value
+    if clear_caliband:
+        patch["caliband"] = None
+    if clear_env and not parsed:
+        patch["env"] = None
+    elif parsed or unset or clear_env:
+        patch["env"] = {**dict.fromkeys(unset), **parsed}
+    if config_file is not None and patch:
         raise typer.BadParameter(
             "--file replaces the whole config: give the provider options in the file",
             param_hint="--file",
         )
-    provider_given = provider_given or config_file is not None
     fmt = _fmt(ctx, output)
     out: dict[str, Any] = {"name": name}
-    if posture is not None or decision_timeout is not None:
-        patch: dict[str, Any] = {}
-        if posture is not None:
-            patch["posture"] = posture.value
-        if decision_timeout is not None:
-            patch["timeout_s"] = parse_timeout(decision_timeout, "--decision-timeout")
-        with _client(ctx, addr, token) as c:
-            path = f"/api/workspaces/{seg(name)}/policy"
-            out["policy"] = c.request("PATCH", path, json_body=patch).json()
-        if not fmt.machine:
-            _console().print(f"updated permission defaults of workspace '{escape(name)}'")
-        if not provider_given:
-            if fmt.machine:
-                print_data(out, fmt)
-            return
-    body: dict[str, Any] = {}
-    if config_file is not None:
-        body = _read_config(config_file, "--file")
-    if provider:
-        body["provider"] = provider
-    if base_url:
-        body["base_url"] = base_url
-    if api_key_env:
-        body["api_key_from_env"] = api_key_env
-    parsed = _parse_env(env)
-    if parsed:
-        body["env"] = parsed
     with _client(ctx, addr, token) as c:
-        if config_file is None and "caliband" not in body:
-            # The provider options leave the workspace's own caliband endpoint as it is.
-            current = _summary(c, name).get("config")
-            if isinstance(current, dict) and current.get("caliband"):
-                body["caliband"] = current["caliband"]
-        resp = c.request(
-            "PUT", f"/api/workspaces/{seg(name)}/config", json_body=body, send_body=True
-        )
-        accepted = _accepted(resp)
-        if fmt.machine:
-            out["workspace"] = _summary(c, name)
-            if accepted is not None:
-                out["reconcile"] = accepted.status.model_dump(mode="json")
-            print_data(out, fmt)
-            return
+        if posture is not None or decision_timeout is not None:
+            policy: dict[str, Any] = {}
+            if posture is not None:
+                policy["posture"] = posture.value
+            if decision_timeout is not None:
+                policy["timeout_s"] = parse_timeout(decision_timeout, "--decision-timeout")
+            path = f"/api/workspaces/{seg(name)}/policy"
+            out["policy"] = c.request("PATCH", path, json_body=policy).json()
+            if not fmt.machine:
+                _console().print(f"updated permission defaults of workspace '{escape(name)}'")
+            if not patch and config_file is None:
+                if fmt.machine:
+                    print_data(out, fmt)
+                return
+        accepted: WorkspaceAccepted | None = None
+        if config_file is not None:
+            body = _read_config(config_file, "--file")
+            resp = c.request(
+                "PUT", f"/api/workspaces/{seg(name)}/config", json_body=body, send_body=True
+            )
+            accepted = _accepted(resp)
+            workspace = None if accepted is not None else _summary(c, name)
+        else:
+            if clear_env and parsed:  # every variable but those given: null the others
+                current = _summary(c, name).get("config")
+                have = current.get("env") if isinstance(current, dict) else None
+                if isinstance(have, dict):
+                    patch["env"] = {**dict.fromkeys(have), **patch["env"]}
+            workspace = c.request(
+                "PATCH", f"/api/workspaces/{seg(name)}/config", json_body=patch
+            ).json()
+    if fmt.machine:
+        if workspace is not None:
+            out["workspace"] = workspace
+        if accepted is not None:
+            out["reconcile"] = accepted.status.model_dump(mode="json")
+        print_data(out, fmt)
+        return
     if accepted is not None:
         _print_accepted(name, accepted, "re-applied")
         return

@@ -61,6 +61,14 @@ def _env_schema(schema: JsonDict) -> None:
     schema["propertyNames"] = {"minLength": 1, "pattern": ENV_NAME_PATTERN}
 
 
+def _patch_env_schema(schema: JsonDict) -> None:
+    """`env` of a patch (an object or null): the object branch as `_env_schema` puts it."""
+    branches = schema.get("anyOf")
+    for branch in branches if isinstance(branches, list) else []:
+        if isinstance(branch, dict) and branch.get("type") == "object":
+            _env_schema(branch)
+
+
 class CalibandEndpointConfig(BaseModel):
     """A workspace's own networked caliband (local backend), instead of prosperod's default
     (`--caliband-addr`, else Unix discovery of the root's caliband). Files are named, never
@@ -115,6 +123,39 @@ class RepoProviderConfig(BaseModel):
             "default, --caliband-addr or the root's caliband over its Unix socket)"
         ),
     )
+
+
+class RepoProviderConfigPatch(BaseModel):
+    """`PATCH /api/workspaces/{name}/config`: a JSON merge patch (RFC 7396) of a local
+    workspace's `RepoProviderConfig`. A field given replaces the current one, `null` clears
+    it, a field left out is kept; `env` merges by variable (a variable given `null` is
+    removed; `"env": null` clears them all)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider: Name | None = None
+    base_url: Name | None = None
+    api_key_from_env: Name | None = None
+    env: dict[Name, FreeText | None] | None = Field(
+        default=None, json_schema_extra=_patch_env_schema
+    )
+    caliband: CalibandEndpointConfig | None = None
+
+    def apply(self, config: RepoProviderConfig) -> RepoProviderConfig:
+        """`config` with this patch applied."""
+        data = config.model_dump()
+        for key in self.model_fields_set - {"env"}:
+            value = getattr(self, key)
+            data[key] = value.model_dump() if isinstance(value, BaseModel) else value
+        if "env" in self.model_fields_set:
+            env: dict[str, str] = {} if self.env is None else dict(config.env)
+            for name, value in (self.env or {}).items():
+                if value is None:
+                    env.pop(name, None)
+                else:
+                    env[name] = value
+            data["env"] = env
+        return RepoProviderConfig.model_validate(data)
 
 
 class Source(BaseModel):

@@ -62,6 +62,7 @@ from prospero.types.model import (
     Healthy,
     RegisteredWorkspace,
     RepoProviderConfig,
+    RepoProviderConfigPatch,
     Source,
     Workspace,
     WorkspaceHealth,
@@ -357,6 +358,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
                     asyncio.get_running_loop().create_task(self._close_driver(agent_id))
 
     async def set_workspace_config(self, name: str, config: RepoProviderConfig) -> None:
+        """Replace the workspace's config wholesale (its caliband restarted)."""
         self._local_registry()
         validate_config(config)
         async with self._registry_lock:
@@ -366,6 +368,24 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
             self._workspaces[name] = new
         await self.provider.restart(new)
         await self.poll_workspace(name)
+
+    async def patch_workspace_config(self, name: str, patch: RepoProviderConfigPatch) -> bool:
+        """Change only the fields `patch` gives (read, patched and stored under the registry
+        lock, so two patches never lose each other's fields). Returns False when the config
+        came out as it was: then nothing is stored and its caliband is not restarted."""
+        self._local_registry()
+        async with self._registry_lock:
+            ws = self._ws(name)
+            config = patch.apply(ws.config)
+            validate_config(config)  # before anything is stored
+            if config == ws.config:
+                return False
+            new = RegisteredWorkspace(name=name, root=ws.root, config=config)
+            await self.config_store.upsert_workspace(new)
+            self._workspaces[name] = new
+        await self.provider.restart(new)
+        await self.poll_workspace(name)
+        return True
 
     # ------------------------------------------------------------------ workspace admin (k8s)
 
