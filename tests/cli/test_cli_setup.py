@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from prospero.core.discovery import autostarted_processes
 from tests.cli.conftest import Cli, LiveStack, git_repo
 
@@ -22,6 +24,11 @@ def names(live: LiveStack) -> set[str]:
 def said(res: Any) -> str:
     """What a command printed, as one line (the console wraps; usage errors come boxed)."""
     return " ".join(str(res.output).replace("│", " ").split())
+
+
+def said_err(res: Any) -> str:
+    """What a command printed on stderr, as one line."""
+    return " ".join(str(res.stderr).split())
 
 
 def no_traceback(res: object) -> None:
@@ -246,3 +253,51 @@ def test_workspace_config_changes_only_the_fields_given(
     res = cli("workspace", "config", "nope", "--env", "A=1")
     assert res.exit_code == 3, res.output
     assert cli("workspace", "rm", "patchy").exit_code == 0
+
+
+# ---------------------------------------------------------------------------- provider keys
+
+NO_KEY = "PROSPERO_TEST_KEY_NOT_SET"
+KEY_WARNING = (
+    f"provider 'anthropic' needs ANTHROPIC_API_KEY: set {NO_KEY} in prosperod's environment "
+    "(until then its spawns are refused)"
+)
+
+
+def test_a_provider_key_missing_from_prosperod_is_a_warning_at_config_time(
+    cli: Cli, live: LiveStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(NO_KEY, raising=False)  # (the stack's prosperod runs in this process)
+    root = git_repo(tmp_path / "keyed")
+    assert cli("workspace", "add", "keyed", str(root)).exit_code == 0
+    res = cli("workspace", "config", "keyed", "--provider", "anthropic", "--api-key-env", NO_KEY)
+    assert res.exit_code == 0, res.output  # accepted: the variable may be set before a spawn
+    assert res.stdout.strip() == "updated provider config for workspace 'keyed'"
+    assert f"warning: {KEY_WARNING}" in said_err(res), res.stderr
+    # the API says it in the answer and in the listing; -o json carries it
+    res = cli("workspace", "config", "keyed", "--env", "A=1", "-o", "json")
+    assert json.loads(res.stdout)["workspace"]["warnings"] == [KEY_WARNING], res.stdout
+    row = next(r for r in live.get("/api/workspaces").json() if r["name"] == "keyed")
+    assert row["warnings"] == [KEY_WARNING]
+    assert f"keyed: warning: {KEY_WARNING}" in said(cli("workspace", "list"))
+    assert f"Warning: {KEY_WARNING}" in said(cli("describe", "workspace", "keyed"))
+    # ... and the spawn is refused for that very reason
+    res = cli("spawn", "keyed", "hello", "--shared-tree")
+    assert res.exit_code == 2, res.output
+    assert KEY_WARNING.split(" (until")[0] in res.stderr, res.stderr
+    # once prosperod's environment has it, there is nothing to warn about
+    monkeypatch.setenv(NO_KEY, "sk-test")
+    row = next(r for r in live.get("/api/workspaces").json() if r["name"] == "keyed")
+    assert "warnings" not in row, row
+    res = cli("workspace", "config", "keyed", "--env", "B=2")
+    assert res.exit_code == 0 and "needs ANTHROPIC_API_KEY" not in res.stderr, res.output
+    monkeypatch.delenv(NO_KEY)
+    # --file (PUT, the whole config) and `add --config` warn alike
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps({"provider": "anthropic", "api_key_from_env": NO_KEY}))
+    res = cli("workspace", "config", "keyed", "--file", str(whole))
+    assert res.exit_code == 0 and f"warning: {KEY_WARNING}" in said_err(res), res.output
+    assert cli("workspace", "rm", "keyed").exit_code == 0
+    res = cli("workspace", "add", "keyed", str(root), "--config", str(whole))
+    assert res.exit_code == 0 and f"warning: {KEY_WARNING}" in said_err(res), res.output
+    assert cli("workspace", "rm", "keyed").exit_code == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from playwright.async_api import expect
 
 from tests.dashboard.conftest import SessionFactory, StackFactory
@@ -111,6 +113,30 @@ async def test_workspace_config_editor(
     await expect(page.locator(".banner-ok").last).to_contain_text("Saved cfg")
     rows = {w["name"]: w for w in (await stack.client.get("/api/workspaces")).json()}
     assert rows["cfg"]["config"] == {"provider": "ollama", "env": {"OLLAMA_KEEP_ALIVE": "5m"}}
+
+    # without a reload: a variable added, saved, then removed is removed too
+    async def config_is(want: dict[str, Any]) -> bool:
+        rows = {w["name"]: w for w in (await stack.client.get("/api/workspaces")).json()}
+        return bool(rows["cfg"]["config"] == want)
+
+    await page.click('[data-action="add-env"]')
+    await page.locator(".env-key").nth(1).fill("EXTRA")
+    await page.locator(".env-value").nth(1).fill("1")
+    await page.click('[data-action="save"]')
+    extra = {"provider": "ollama", "env": {"OLLAMA_KEEP_ALIVE": "5m", "EXTRA": "1"}}
+    await wait_until(lambda: config_is(extra), 10, what="EXTRA saved")
+    await page.locator(".env-row").nth(1).get_by_role("button", name="Remove variable").click()
+    await page.click('[data-action="save"]')
+    kept = {"provider": "ollama", "env": {"OLLAMA_KEEP_ALIVE": "5m"}}
+    await wait_until(lambda: config_is(kept), 10, what="EXTRA removed")
+
+    # a provider key prosperod's environment lacks is saved, with a warning that says so
+    await page.fill('input[name="provider"]', "anthropic")
+    await page.fill('input[name="api_key_from_env"]', "PROSPERO_TEST_NO_SUCH_KEY")
+    await page.click('[data-action="save"]')
+    warned = page.locator(".banner-warn").last
+    await expect(warned).to_contain_text("provider 'anthropic' needs ANTHROPIC_API_KEY")
+    await expect(warned).to_contain_text("set PROSPERO_TEST_NO_SUCH_KEY in prosperod's environment")
 
     # remove the workspace (confirmed)
     await page.click('[data-action="remove-workspace"]')

@@ -42,6 +42,8 @@ def clean_workspace(ws: dict[str, Any]) -> dict[str, Any]:
     for key in K8S_SUMMARY_TAIL:
         if key in ws and ws[key] is None:
             del ws[key]
+    if not ws.get("warnings", True):
+        del ws["warnings"]
     return ws
 
 

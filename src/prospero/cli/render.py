@@ -256,6 +256,8 @@ def render_workspaces(console: Console, rows: Sequence[WorkspaceSummary], wide: 
         reason = health_reason(ws.health)
         if reason and not wide:
             console.print(f"{ws.name}: {reason}", style="red")
+        for warning in ws.warnings:
+            console.print(f"{ws.name}: warning: {warning}", style="yellow")
 
 
 def _usage_cells(g: UsageGroup | UsageBucket) -> list[str]:
@@ -371,6 +373,7 @@ def describe_workspace(
         pairs.append(("API key from", f"${cfg.api_key_from_env} (prosperod's environment)"))
     if cfg.env:
         pairs.append(("Env", ", ".join(f"{k}={v}" for k, v in sorted(cfg.env.items()))))
+    pairs += [("Warning", Text(w, style="yellow")) for w in ws.warnings]
     if ws.status is None:  # the local backend (k8s: each pod's caliband)
         pairs.append(("Caliband", caliband_text(ws)))
     if ws.status is not None:

@@ -173,9 +173,12 @@ def _added(c: Client, resp: httpx.Response) -> WorkspaceSummary | None:
 
 
 def _print_health(ws: WorkspaceSummary) -> None:
-    """On stderr, what stops the workspace's agents from running: its caliband unreachable."""
+    """On stderr, what stops the workspace's agents from running: its caliband unreachable,
+    a provider key missing from prosperod's environment (the API's `warnings`)."""
+    err = _err_console()
+    for warning in ws.warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     if isinstance(ws.health, Unreachable):
-        err = _err_console()
         err.print(
             f"[yellow]warning:[/yellow] the caliband of workspace '{escape(ws.name)}' is "
             f"unreachable: {escape(ws.health.reason or 'no reason given')}"
@@ -472,6 +475,8 @@ def workspace_config(
         _print_accepted(name, accepted, "re-applied")
         return
     _console().print(f"updated provider config for workspace '{escape(name)}'")
+    if isinstance(workspace, dict) and "health" in workspace:
+        _print_health(c.parse(workspace, WorkspaceSummary, "the workspace configured"))
 
 
 @workspace_app.command("rm")

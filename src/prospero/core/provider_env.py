@@ -57,23 +57,48 @@ def resolve_env(
     return out
 
 
+def missing_key(
+    cfg: RepoProviderConfig,
+    default_env: Mapping[str, str] | None = None,
+    process_env: Mapping[str, str] | None = None,
+) -> str | None:
+    """Why a spawn under `cfg` would be refused for want of its provider's key (the key
+    variable does not resolve: see `resolve_env`), with what to do; None when nothing is
+    missing."""
+    if not cfg.provider:
+        return None
+    vars_ = PROVIDER_VARS.get(cfg.provider.lower())
+    if vars_ is None or vars_[1] is None:
+        return None
+    key_var = vars_[1]
+    env = resolve_env(cfg, default_env, process_env)
+    if env.get(key_var):
+        return None
+    hint = (
+        f"set {cfg.api_key_from_env} in prosperod's environment"
+        if cfg.api_key_from_env
+        else f"configure api_key_from_env (the name of a variable holding the key) or env {key_var}"
+    )
+    return f"provider '{cfg.provider}' needs {key_var}: {hint}"
+
+
+def config_warnings(
+    cfg: RepoProviderConfig,
+    default_env: Mapping[str, str] | None = None,
+    process_env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """What is wrong with a workspace's config that is not refused at add/config time (the
+    environment may change before a spawn), said then: a provider key that does not resolve."""
+    missing = missing_key(cfg, default_env, process_env)
+    return [f"{missing} (until then its spawns are refused)"] if missing else []
+
+
 def check_spawnable(
     cfg: RepoProviderConfig,
     default_env: Mapping[str, str] | None = None,
     process_env: Mapping[str, str] | None = None,
 ) -> None:
     """Refuse a spawn whose provider needs a key that does not resolve."""
-    if not cfg.provider:
-        return
-    vars_ = PROVIDER_VARS.get(cfg.provider.lower())
-    if vars_ is None or vars_[1] is None:
-        return
-    key_var = vars_[1]
-    env = resolve_env(cfg, default_env, process_env)
-    if not env.get(key_var):
-        hint = (
-            f"set {cfg.api_key_from_env} in prosperod's environment"
-            if cfg.api_key_from_env
-            else f"configure api_key_from_env (the name of a variable holding the key) or env {key_var}"
-        )
-        raise ProviderMisconfigured(f"provider '{cfg.provider}' needs {key_var}: {hint}")
+    missing = missing_key(cfg, default_env, process_env)
+    if missing:
+        raise ProviderMisconfigured(missing)

@@ -85,6 +85,14 @@ class WorkspaceSummary(BaseModel):
     health: WorkspaceHealth
     agent_count: int = 0
     config: RepoProviderConfig = Field(default_factory=RepoProviderConfig)
+    warnings: list[str] = Field(
+        default_factory=list,
+        description=(
+            "What will stop this workspace's spawns although its config was accepted, with "
+            "what to do (local backend: a provider key variable missing from prosperod's "
+            "environment). Omitted when there is none."
+        ),
+    )
     # The k8s backend's tail (its Workspace CR); omitted entirely for a local workspace.
     display_name: str | None = None
     source_specs: list[K8sSource] | None = None

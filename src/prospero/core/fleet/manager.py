@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 
 from prospero.core.errors import (
@@ -47,7 +48,7 @@ from prospero.core.fleet.state import (
 from prospero.core.fleet.supervision import DriverSupervision
 from prospero.core.metrics import Metrics
 from prospero.core.ownership import Ownership, SelfOwnsAll
-from prospero.core.provider_env import validate_config
+from prospero.core.provider_env import config_warnings, validate_config
 from prospero.core.relay.routing import OwnerRouting
 from prospero.core.sources import discover_sources, validate_root
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
@@ -287,9 +288,17 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
                 health=w.health,
                 agent_count=len(w.agents),
                 config=w.config,
+                warnings=self._config_warnings(w.config),
             )
             for w in self.snapshot().workspaces
         ]
+
+    def _config_warnings(self, config: RepoProviderConfig) -> list[str]:
+        """What will refuse the workspace's spawns although its config was accepted (the
+        spawn's own check, `check_spawnable`, said ahead), where the keys are prosperod's."""
+        if not self.config.provider_keys_here:
+            return []
+        return config_warnings(config, self.config.default_env, os.environ)
 
     def workspace_summary(self, name: str) -> WorkspaceSummary:
         """One registered workspace as `GET /api/workspaces` lists it (after a write: its

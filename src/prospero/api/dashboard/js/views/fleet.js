@@ -311,6 +311,7 @@ function addWorkspaceForm(onDone) {
             } else {
               banner(`Workspace ${name.value.trim()} added`, "ok");
             }
+            for (const warning of (added && added.warnings) || []) banner(`Warning: ${warning}`, "warn", { timeout: 0 });
             await state.refreshFleet();
             onDone();
           } catch (err) {

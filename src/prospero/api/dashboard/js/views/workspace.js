@@ -1,8 +1,10 @@
 // Workspace page: what the workspace is (root, sources, health, agents) and its provider
-// config editor (provider, base URL, API-key env var NAME, env rows). Saving replaces the
-// config wholesale (PUT) and restarts the workspace's caliband; removing only forgets it.
+// config editor (provider, base URL, API-key env var NAME, env rows). Saving sets every field
+// the form shows, empty ones cleared (a PATCH naming each, so the workspace's own caliband
+// endpoint, which the form does not edit, stays), restarts the workspace's caliband when the
+// config changed, and shows the warnings the answer carries; removing only forgets it.
 
-import { del, enc, put } from "../api.js";
+import { del, enc, patch } from "../api.js";
 import { h, replace } from "../dom.js";
 import * as state from "../state.js";
 import { banner, busy, button, confirmDialog, emptyState, healthPill } from "../ui.js";
@@ -39,6 +41,7 @@ export function mount(root, { params }) {
     pattern: "[A-Za-z_][A-Za-z0-9_]*",
     props: { value: cfg.api_key_from_env || "" },
   });
+  let known = Object.keys(cfg.env || {}); // the variables stored, as last seen
   const envRows = h("div", { class: "env-rows" }, Object.entries(cfg.env || {}).map(([k, v]) => envRow(k, v)));
   const errorEl = h("p", { class: "form-error", role: "alert", hidden: true });
   const save = h("button", { type: "submit", class: "btn btn-primary", dataset: { action: "save" } }, "Save and restart caliband");
@@ -52,11 +55,13 @@ export function mount(root, { params }) {
         submit: async (e) => {
           e.preventDefault();
           errorEl.hidden = true;
-          const body = {};
-          if (provider.value.trim()) body.provider = provider.value.trim();
-          if (baseUrl.value.trim()) body.base_url = baseUrl.value.trim();
-          if (keyEnv.value.trim()) body.api_key_from_env = keyEnv.value.trim();
-          const env = {};
+          const body = {
+            provider: provider.value.trim() || null,
+            base_url: baseUrl.value.trim() || null,
+            api_key_from_env: keyEnv.value.trim() || null,
+          };
+          // the variables the form no longer lists are removed (null), the others set
+          const env = Object.fromEntries(known.map((k) => [k, null]));
           for (const row of envRows.querySelectorAll(".env-row")) {
             const k = row.querySelector(".env-key").value.trim();
             const v = row.querySelector(".env-value").value;
@@ -68,24 +73,26 @@ export function mount(root, { params }) {
             }
             env[k] = v;
           }
-          if (Object.keys(env).length) body.env = env;
-          if (cfg.caliband) body.caliband = cfg.caliband; // kept: this form does not edit it
+          body.env = env;
           await busy(save, async () => {
+            let saved;
             try {
-              await put(`/api/workspaces/${enc(name)}/config`, body);
+              saved = await patch(`/api/workspaces/${enc(name)}/config`, body);
             } catch (err) {
               errorEl.textContent = err.message || String(err);
               errorEl.hidden = false;
               return;
             }
+            known = Object.keys((saved && saved.config && saved.config.env) || {});
             banner(`Saved ${name}'s config; its caliband restarts with it.`, "ok");
+            for (const warning of (saved && saved.warnings) || []) banner(`Warning: ${warning}`, "warn", { timeout: 0 });
             await state.refreshFleet();
           });
         },
       },
     },
     h("h2", { class: "card-title" }, "Provider configuration"),
-    h("p", { class: "hint" }, "Replaces the whole config (empty fields are cleared). The API key is read from prosperod's own environment: enter the variable's name, never the key."),
+    h("p", { class: "hint" }, "Saves every field shown (empty fields are cleared). The API key is read from prosperod's own environment: enter the variable's name, never the key."),
     h(
       "div",
       { class: "form-grid" },
