@@ -43,9 +43,34 @@ def big_script(n: int, size: int = BIG_CHUNK, *, interactive: bool = False) -> s
     return out
 
 
+BUDGET_MODEL = "claude-sonnet-4-5"  # priced by the rate card: $3 / $15 per million tokens
+BUDGET_TURN = (400, 200)  # tokens in, out per turn: 600 tokens, $0.0042
+
+
+def budget_script(turns: int = 8, pause: float = 1.0) -> scripts.Script:
+    """`turns` turns of BUDGET_TURN usage on a priced model, `pause` s apart, then RunEnd."""
+    out: scripts.Script = []
+    for t in range(turns):
+        out.append(scripts.turn_start(t, model=BUDGET_MODEL))
+        out.append(scripts.text_delta(f"turn {t}\n", t, 0))
+        out.append(
+            scripts.turn_end(
+                t,
+                content=[scripts.text_block(f"turn {t}")],
+                input_tokens=BUDGET_TURN[0],
+                output_tokens=BUDGET_TURN[1],
+            )
+        )
+        out.append(scripts.sleep(pause))
+    out.append(scripts.run_end("EndOfTurn", turn_count=turns))
+    return out
+
+
 def script_for(spec: SpawnSpec) -> scripts.Script:
     """Pick the fake agent's script from the spawn label."""
     label = spec.label or ""
+    if label == "budget":
+        return budget_script()
     if label.startswith("big-"):
         return big_script(int(label.split("-", 1)[1]), interactive=spec.interactive)
     if label == "tools":

@@ -41,6 +41,7 @@ async def test_usage_after_finished_runs(make_stack: StackFactory) -> None:
             "failed": 0,
             "killed": 1,
             "crashed": 0,
+            "budget_exceeded": 0,
         }
 
     await wait_until(outcomes_counted, 20, what="both outcomes in /api/usage")
@@ -51,7 +52,13 @@ async def test_usage_after_finished_runs(make_stack: StackFactory) -> None:
     assert g["runs"] == 2 and g["turns"] == 3
     assert g["input_tokens"] == 1713 + 10 and g["output_tokens"] == 76 + 1
     assert g["cost_usd"] is None  # "fake-model" has no rate: not priced, never a fake 0
-    assert g["outcomes"] == {"done": 1, "failed": 0, "killed": 1, "crashed": 0}
+    assert g["outcomes"] == {
+        "done": 1,
+        "failed": 0,
+        "killed": 1,
+        "crashed": 0,
+        "budget_exceeded": 0,
+    }
     assert [b["day"] for b in g["series"]] == [today]
     assert g["series"][0]["runs"] == 2 and g["series"][0]["outcomes"]["killed"] == 1
     # window echo: RFC 3339 with +00:00
@@ -119,7 +126,13 @@ async def test_usage_counts_turns_as_they_finish_whatever_the_state(
     await stack.wait_status(inter, "idle")  # running, waiting for input: no agent_finished
     g = await reaches(turns=1)
     assert (g["runs"], g["input_tokens"], g["output_tokens"]) == (0, 10, 5)
-    assert g["outcomes"] == {"done": 0, "failed": 0, "killed": 0, "crashed": 0}
+    assert g["outcomes"] == {
+        "done": 0,
+        "failed": 0,
+        "killed": 0,
+        "crashed": 0,
+        "budget_exceeded": 0,
+    }
 
     slow = await stack.spawn("slow")  # one finished turn (10 in, 1 out), then a long pause
     g = await reaches(turns=2)
@@ -128,21 +141,39 @@ async def test_usage_counts_turns_as_they_finish_whatever_the_state(
     await stack.wait_status(slow, "killed")
     g = await reaches(runs=1)
     assert g["turns"] == 2 and (g["input_tokens"], g["output_tokens"]) == (20, 6)
-    assert g["outcomes"] == {"done": 0, "failed": 0, "killed": 1, "crashed": 0}
+    assert g["outcomes"] == {
+        "done": 0,
+        "failed": 0,
+        "killed": 1,
+        "crashed": 0,
+        "budget_exceeded": 0,
+    }
 
     r = await stack.client.post(f"/api/agents/{inter}/end-input")
     assert r.status_code == 202, r.text
     await stack.wait_finished(inter)
     g = await reaches(runs=2)
     assert g["turns"] == 2 and (g["input_tokens"], g["output_tokens"]) == (20, 6)
-    assert g["outcomes"] == {"done": 1, "failed": 0, "killed": 1, "crashed": 0}
+    assert g["outcomes"] == {
+        "done": 1,
+        "failed": 0,
+        "killed": 1,
+        "crashed": 0,
+        "budget_exceeded": 0,
+    }
     # Killing an agent that already finished does not count another outcome.
     await stack.wait_status(inter, "done")
     r = await stack.client.post(f"/api/agents/{inter}/kill")
     assert r.status_code == 409, r.text  # and nothing is emitted (history unchanged)
     g = await group()
     assert g["runs"] == 2
-    assert g["outcomes"] == {"done": 1, "failed": 0, "killed": 1, "crashed": 0}
+    assert g["outcomes"] == {
+        "done": 1,
+        "failed": 0,
+        "killed": 1,
+        "crashed": 0,
+        "budget_exceeded": 0,
+    }
 
 
 async def test_usage_cost_with_a_rate_card(make_stack: StackFactory) -> None:
@@ -164,7 +195,7 @@ def test_build_report_null_sums() -> None:
             "2026-01-01",
             turns=2,
             runs=1,
-            outcomes={"done": 1, "failed": 0, "killed": 0, "crashed": 0},
+            outcomes={"done": 1, "failed": 0, "killed": 0, "crashed": 0, "budget_exceeded": 0},
         ),
     ]
     rep = build_report("s", "u", rows)

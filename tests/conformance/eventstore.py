@@ -376,7 +376,7 @@ class EventStoreConformance:
                 day=DAY1,
                 turns=3,
                 runs=1,
-                outcomes={"done": 1, "failed": 0, "killed": 0, "crashed": 0},
+                outcomes={"done": 1, "failed": 0, "killed": 0, "crashed": 0, "budget_exceeded": 0},
             )
         ]
 
@@ -395,7 +395,13 @@ class EventStoreConformance:
         assert row.cost_usd == pytest.approx(0.75)
         assert row.turns == 5
         assert row.runs == 0
-        assert row.outcomes == {"done": 0, "failed": 0, "killed": 0, "crashed": 0}
+        assert row.outcomes == {
+            "done": 0,
+            "failed": 0,
+            "killed": 0,
+            "crashed": 0,
+            "budget_exceeded": 0,
+        }
 
     async def test_usage_agent_finished_counts_the_run_not_its_totals(
         self, store: EventStore
@@ -432,7 +438,13 @@ class EventStoreConformance:
         assert row.cost_usd == pytest.approx(0.4)
         assert (row.input_tokens, row.output_tokens) == (21, 9)
         assert row.runs == 1
-        assert row.outcomes == {"done": 0, "failed": 0, "killed": 1, "crashed": 0}
+        assert row.outcomes == {
+            "done": 0,
+            "failed": 0,
+            "killed": 1,
+            "crashed": 0,
+            "budget_exceeded": 0,
+        }
 
     async def test_usage_reported_zero_is_not_null(self, store: EventStore) -> None:
         await store.append_batch(
@@ -455,11 +467,18 @@ class EventStoreConformance:
                 ev("d", 1, finished(outcome="crashed", detail="worker died")),
                 ev("e", 1, finished(outcome="ProviderError", detail="overloaded")),
                 ev("f", 1, status(AgentStatus.done)),  # a status alone is no run
+                ev("g", 1, finished(outcome="budget_exceeded", detail="stopped at its budget")),
             ]
         )
         [row] = await store.usage(DAY1, DAY1)
-        assert row.outcomes == {"done": 1, "failed": 2, "killed": 1, "crashed": 1}
-        assert row.runs == 5 and row.turns == 0
+        assert row.outcomes == {
+            "done": 1,
+            "failed": 2,
+            "killed": 1,
+            "crashed": 1,
+            "budget_exceeded": 1,
+        }
+        assert row.runs == 6 and row.turns == 0
         assert row.cost_usd is None and row.input_tokens is None
 
     async def test_usage_outcome_without_cost_is_a_row(self, store: EventStore) -> None:
@@ -469,7 +488,7 @@ class EventStoreConformance:
                 workspace="ws",
                 day=DAY1,
                 runs=1,
-                outcomes={"done": 0, "failed": 0, "killed": 1, "crashed": 0},
+                outcomes={"done": 0, "failed": 0, "killed": 1, "crashed": 0, "budget_exceeded": 0},
             )
         ]
 

@@ -150,11 +150,17 @@ async def test_restart_keeps_everything(db_path: Path) -> None:
 
 async def _as_version_2_file(db_path: Path, rows: list[tuple[object, ...]]) -> None:
     """Turn the file into what a schema-2 build left: its own usage rows, user_version 2."""
+    await _as_old_file(db_path, rows, 2)
+
+
+async def _as_old_file(db_path: Path, rows: list[tuple[object, ...]], version: int) -> None:
+    """A schema-2 or -3 file: usage rows without the budget_exceeded column (version 4)."""
     conn = raw(db_path)
     try:
+        conn.execute("ALTER TABLE usage_daily DROP COLUMN budget_exceeded")
         conn.execute("DELETE FROM usage_daily")
         conn.executemany("INSERT INTO usage_daily VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        conn.execute("PRAGMA user_version = 2")
+        conn.execute(f"PRAGMA user_version = {version}")
         conn.commit()
     finally:
         conn.close()
@@ -186,7 +192,13 @@ async def test_version_2_usage_is_rebuilt_per_turn_at_open(db_path: Path) -> Non
         assert by[DAY1].runs == 0
         assert (by[DAY2].turns, by[DAY2].cost_usd, by[DAY2].input_tokens) == (2, 0.75, 10)
         assert by[DAY2].runs == 1
-        assert by[DAY2].outcomes == {"done": 1, "failed": 0, "killed": 0, "crashed": 0}
+        assert by[DAY2].outcomes == {
+            "done": 1,
+            "failed": 0,
+            "killed": 0,
+            "crashed": 0,
+            "budget_exceeded": 0,
+        }
     finally:
         await s2.close()
     conn = raw(db_path)
@@ -194,6 +206,28 @@ async def test_version_2_usage_is_rebuilt_per_turn_at_open(db_path: Path) -> Non
         assert conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_mod.SCHEMA_VERSION
     finally:
         conn.close()
+
+
+async def test_version_3_file_gains_the_budget_outcome_and_keeps_its_rows(
+    db_path: Path,
+) -> None:
+    s1 = SqliteEventStore(db_path)
+    await s1.open()
+    await s1.append_batch([ev("a", 1, turn(cost=0.5), at=ts(DAY2))])
+    await s1.close()
+    await _as_old_file(db_path, [("ws", DAY2, 7, 3, 0.5, 1, 1, 0, 1, 0, 0)], 3)
+    s2 = SqliteEventStore(db_path)
+    await s2.open()
+    try:
+        [row] = await s2.usage(DAY2, DAY2)  # kept as it was (no rebuild from version 3)
+        assert (row.input_tokens, row.cost_usd, row.turns, row.runs) == (7, 0.5, 1, 1)
+        assert row.outcomes["failed"] == 1 and row.outcomes["budget_exceeded"] == 0
+        await s2.append_batch([ev("a", 2, finished(outcome="budget_exceeded"), at=ts(DAY2))])
+        [row] = await s2.usage(DAY2, DAY2)
+        assert row.runs == 2 and row.outcomes["budget_exceeded"] == 1
+        assert row.outcomes["killed"] == 0  # counted on its own
+    finally:
+        await s2.close()
 
 
 async def test_version_2_rebuild_keeps_days_retention_may_have_cut(db_path: Path) -> None:

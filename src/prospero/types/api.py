@@ -38,6 +38,18 @@ class SpawnRequest(BaseModel):
     provider_ref: Name | None = None
     drive_protocol: DriveProtocol = "ndjson"
     posture: Posture | None = None
+    budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="Stop the agent once its turns cost more than this many dollars.",
+    )
+    budget_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        le=10**12,
+        description="Stop the agent once its turns used more tokens (input + output) than this.",
+    )
 
     @property
     def isolated(self) -> bool:
@@ -163,6 +175,8 @@ class UsageOutcomes(BaseModel):
     failed: int = 0
     killed: int = 0
     crashed: int = 0
+    # Runs Prospero stopped at their budget (not counted in `killed`).
+    budget_exceeded: int = 0
 
 
 class UsageBucket(BaseModel):

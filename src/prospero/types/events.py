@@ -43,7 +43,9 @@ class Usage(BaseModel):
             cache_creation_input_tokens=add(
                 self.cache_creation_input_tokens, other.cache_creation_input_tokens
             ),
-            cache_read_input_tokens=add(self.cache_read_input_tokens, other.cache_read_input_tokens),
+            cache_read_input_tokens=add(
+                self.cache_read_input_tokens, other.cache_read_input_tokens
+            ),
         )
 
 
@@ -146,6 +148,10 @@ class AgentFinished(_Kind):
 
 RunResult = Literal["done", "failed", "killed", "crashed"]
 
+# The outcome of a run Prospero stopped because it crossed its budget (`budget_exceeded`):
+# the agent reads `killed` (it was stopped), /api/usage counts the outcome on its own.
+BUDGET_EXCEEDED = "budget_exceeded"
+
 
 def run_result(outcome: str) -> RunResult:
     """What an `agent_finished` outcome means for the run, as caliband reads a worker's exit:
@@ -157,7 +163,35 @@ def run_result(outcome: str) -> RunResult:
         return "done"
     if outcome in ("killed", "crashed", "failed"):
         return outcome  # type: ignore[return-value]
+    if outcome == BUDGET_EXCEEDED:
+        return "killed"
     return "failed"
+
+
+BudgetLimit = Literal["usd", "tokens"]
+
+
+class BudgetWarning(_Kind):
+    """Prospero addition: the agent has spent `threshold` (0.8) or more of a cap it was
+    spawned with (once per cap and agent). `spent` and `cap` in dollars or in tokens (input
+    plus output) as `limit` says."""
+
+    kind: Literal["budget_warning"] = "budget_warning"
+    limit: BudgetLimit = "usd"
+    spent: float = 0.0
+    cap: float = 0.0
+    threshold: float = 0.8
+
+
+class BudgetExceeded(_Kind):
+    """Prospero addition: the agent's spend crossed a cap (`limit`): Prospero stops it now
+    (ACP: session/cancel, then kill; NDJSON: kill); its run ends with the outcome
+    `budget_exceeded`."""
+
+    kind: Literal["budget_exceeded"] = "budget_exceeded"
+    limit: BudgetLimit = "usd"
+    spent: float = 0.0
+    cap: float = 0.0
 
 
 class AgentGone(_Kind):
@@ -283,7 +317,9 @@ EventKind = Annotated[
     | FramesSkipped
     | TurnLost
     | DecisionPending
-    | DecisionResolved,
+    | DecisionResolved
+    | BudgetWarning
+    | BudgetExceeded,
     Field(discriminator="kind"),
 ]
 

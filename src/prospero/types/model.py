@@ -183,6 +183,9 @@ class Agent(BaseModel):
     spawned_here: bool = False
     adopted: bool = False
     outcome: str | None = None
+    # The caps it was spawned with (null: none): dollars, tokens (input + output).
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
     # Filled by the API for each response (never stored, never from caliband).
     owner: str | None = Field(
         default=None,
@@ -220,6 +223,12 @@ class AgentMeta(BaseModel):
     adopted: bool = False
     created_at: str = ""
     outcome: str | None = None
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
+
+    @property
+    def budgeted(self) -> bool:
+        return self.budget_usd is not None or self.budget_tokens is not None
 
     @property
     def drivable(self) -> bool:

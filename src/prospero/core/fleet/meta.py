@@ -67,4 +67,6 @@ def agent_view(workspace: str, rec: ListedAgent, meta: AgentMeta | None) -> Agen
         spawned_here=meta is not None and meta.spawned_here,
         adopted=meta is not None and meta.adopted,
         outcome=meta.outcome if meta is not None else None,
+        budget_usd=meta.budget_usd if meta is not None else None,
+        budget_tokens=meta.budget_tokens if meta is not None else None,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 
 from prospero.core.drivers.base import AgentDriver
@@ -26,8 +27,10 @@ from prospero.core.provider_env import check_spawnable
 from prospero.core.relay.base import RelayOp
 from prospero.core.relay.routing import RELAYED_CALLS
 from prospero.types.api import SpawnedResponse, SpawnRequest
-from prospero.types.events import AgentGone, AgentSpawned, now_ts
+from prospero.types.events import BUDGET_EXCEEDED, AgentGone, AgentSpawned, now_ts
 from prospero.types.model import Agent, AgentMeta, AgentStatus, DriveProtocol, RegisteredWorkspace
+
+log = logging.getLogger("prospero.core.fleet.manager")
 
 KILLED_BY_REMOVAL = ("killed", "killed by the operator: its CalibanTask was deleted")
 
@@ -79,6 +82,8 @@ class AgentOperations(FleetState):
                 posture=posture,
                 prompt=req.prompt,
                 created_at=now_ts(),
+                budget_usd=req.budget_usd,
+                budget_tokens=req.budget_tokens,
             )
             slot = self._slots.setdefault(reply.id, AgentSlot(workspace=ws.name))
             slot.workspace = ws.name
@@ -148,6 +153,33 @@ class AgentOperations(FleetState):
             )
         await self.provider.kill(ws, agent_id)
         await self.poll_workspace(ws.name)  # sees `killed`: nudges the driver to conclude
+
+    async def _stop_for_budget(self, agent_id: str, detail: str) -> None:
+        """The agent crossed a cap it was spawned with (core/budgets.py; called on the
+        replica driving it): its run ends as `budget_exceeded`, then caliband kills the
+        worker. ACP: the driver's conclude sends session/cancel and closes the turn first.
+        NDJSON: the driver stops reading and records the end itself, then the kill."""
+        try:
+            ws, slot = self._slot(agent_id)
+        except ProsperoError:
+            return
+        if slot.record is None or slot.driver is None or slot.driver.finished:
+            return
+        ending = (BUDGET_EXCEEDED, detail)
+        await self._cancel_asks(agent_id, "the agent was stopped at its budget")
+        try:
+            if drive_protocol(slot.record, slot.meta) != "ndjson":
+                slot.released = True  # the kill below releases the worker
+                await slot.driver.conclude(*ending)
+                if slot.driver.finished:
+                    await self._on_finished(agent_id)
+            else:
+                await self._close_driver(agent_id, conclude=True, ending=ending)
+            await self.provider.kill(ws, agent_id)
+        except ProsperoError as e:
+            log.warning("agent %s: stopping it at its budget failed: %s", agent_id, e)
+            return
+        await self.poll_workspace(ws.name)
 
     async def respawn(self, agent_id: str) -> str:
         ws, slot = self._slot(agent_id)

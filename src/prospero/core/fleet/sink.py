@@ -4,8 +4,9 @@ busy."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from prospero.core.budgets import BudgetGuard
 from prospero.core.drivers.ndjson_state import BASE_SUFFIX
 from prospero.core.fleet.state import EmitterLike
 from prospero.types.events import CompactKind, EventKind
@@ -19,7 +20,7 @@ class AgentSink:
     empty when only the cursor moved), committed in the same store transaction as them
     (`Emitter.emit_many`: every emitter of the manager has that batch path, `EmitterLike`)."""
 
-    __slots__ = ("agent_id", "emitter", "on_activity", "repo")
+    __slots__ = ("agent_id", "budget", "emitter", "on_activity", "repo")
 
     def __init__(
         self,
@@ -27,10 +28,14 @@ class AgentSink:
         repo: str,
         agent_id: str,
         on_activity: Callable[[], None] | None = None,
+        budget: BudgetGuard | None = None,
     ) -> None:
         self.emitter = emitter
         self.repo = repo
         self.agent_id = agent_id
+        # The agent's caps (core/budgets.py): its budget events follow the turn that caused
+        # them, in the same stream, and a crossing stops the agent.
+        self.budget = budget
         # Told of every event the driver hands over: the workspace is busy (poll it at the
         # configured interval, its agents' status may change any moment).
         self.on_activity = on_activity
@@ -38,7 +43,21 @@ class AgentSink:
     async def __call__(self, kind: EventKind) -> None:
         if self.on_activity is not None:
             self.on_activity()
+        if self.budget is not None:
+            await self._budget_ready()
         await self.emitter.emit(self.repo, self.agent_id, kind)
+        if self.budget is not None:
+            await self._budget_events((kind,))
+
+    async def _budget_ready(self) -> None:
+        assert self.budget is not None
+        for owed in await self.budget.ready():
+            await self.emitter.emit(self.repo, self.agent_id, owed)
+
+    async def _budget_events(self, kinds: Sequence[object]) -> None:
+        assert self.budget is not None
+        for extra in self.budget.observe(kinds):
+            await self.emitter.emit(self.repo, self.agent_id, extra)
 
     async def flush(self) -> None:
         """Wait until what was handed over (events and cursors) is committed: the ACP
@@ -55,6 +74,8 @@ class AgentSink:
         same transaction as `cursor` (see drivers/ndjson_state.py)."""
         if kinds and self.on_activity is not None:
             self.on_activity()
+        if self.budget is not None:
+            await self._budget_ready()
         if cursor is None:
             await self.emitter.emit_many(self.repo, self.agent_id, kinds)
         elif cursor_base is None:
@@ -67,3 +88,5 @@ class AgentSink:
                 cursor,
                 cursor_extra=((self.agent_id + BASE_SUFFIX, cursor_base),),
             )
+        if self.budget is not None and kinds:
+            await self._budget_events(kinds)

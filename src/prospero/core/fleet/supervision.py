@@ -12,6 +12,7 @@ import time
 
 from prospero.core import metrics as m
 from prospero.core.aio import wait_for
+from prospero.core.budgets import BUDGET_KINDS, BudgetGuard
 from prospero.core.drivers.base import AgentDriver, DriverExit, DriverTarget
 from prospero.core.emitter import Emitter
 from prospero.core.errors import ProsperoError, Unsupported
@@ -21,7 +22,7 @@ from prospero.core.fleet.records import ListedAgent
 from prospero.core.fleet.sink import AgentSink
 from prospero.core.fleet.state import AgentSlot, CursorStoreLike, FleetState
 from prospero.core.transport import Address
-from prospero.types.events import TurnLost
+from prospero.types.events import FleetEvent, TurnLost, stream_key_for
 from prospero.types.model import AgentStatus, RegisteredWorkspace
 
 log = logging.getLogger("prospero.core.fleet.manager")  # as before the split
@@ -44,8 +45,21 @@ class DriverSupervision(FleetState):
             return await self.provider.attach(ws, agent_id)
 
         workspace = ws.name
+
+        async def budget_history() -> list[FleetEvent]:
+            await self.emitter.flush()
+            key = stream_key_for(workspace, agent_id)
+            return await self.store.replay(key, 0, None, kinds=BUDGET_KINDS)
+
+        def exceeded(detail: str) -> None:
+            self._spawn_stop(agent_id, detail)
+
         sink = AgentSink(
-            self.emitter, ws.name, agent_id, on_activity=lambda: self._touch(workspace)
+            self.emitter,
+            ws.name,
+            agent_id,
+            on_activity=lambda: self._touch(workspace),
+            budget=BudgetGuard.for_meta(slot.meta, budget_history, exceeded),
         )
 
         target = DriverTarget(
@@ -67,6 +81,17 @@ class DriverSupervision(FleetState):
         if self.fenced_cursors and isinstance(self.emitter, Emitter):
             cursor_store = EmitterCursors(self.emitter, self.store, ws.name)  # fenced, in order
         return factory(target, sink, self.config.driver_options(), self.metrics, cursor_store)
+
+    def _spawn_stop(self, agent_id: str, detail: str) -> None:
+        """Stop an agent that crossed its budget, off the driver's own task (the stop closes
+        that driver and waits for it)."""
+        if self._stopping:
+            return
+        task = asyncio.create_task(
+            self._stop_for_budget(agent_id, detail), name=f"budget-{agent_id}"
+        )
+        self._closing_tasks.add(task)
+        task.add_done_callback(self._closing_tasks.discard)
 
     def _ensure_driver(self, ws: RegisteredWorkspace, rec: ListedAgent) -> None:
         if self._stopping:

@@ -27,6 +27,7 @@ import orjson
 from prospero.core.store.base import CursorMark, RawEvent
 from prospero.core.store.reduce import free_form_safe, needs_check, reduce_compact, reduce_kind
 from prospero.types.events import (
+    BUDGET_EXCEEDED,
     EVENT_KIND_ADAPTER,
     EVENT_KIND_NAMES,
     AgentFinished,
@@ -40,7 +41,7 @@ from prospero.types.events import (
 log = logging.getLogger(__name__)
 
 # The run outcomes `usage_daily` counts, in its column order.
-OUTCOMES = ("done", "failed", "killed", "crashed")
+OUTCOMES = ("done", "failed", "killed", "crashed", "budget_exceeded")
 
 USAGE_TAGS = frozenset({"turn_finished", "agent_finished"})
 
@@ -56,6 +57,7 @@ class UsageAcc:
     failed: int = 0
     killed: int = 0
     crashed: int = 0
+    budget_exceeded: int = 0
 
     def row(self, workspace: str, day: str) -> tuple[Any, ...]:
         return (
@@ -70,6 +72,7 @@ class UsageAcc:
             self.failed,
             self.killed,
             self.crashed,
+            self.budget_exceeded,
         )
 
 
@@ -189,7 +192,8 @@ def account(usage: dict[tuple[str, str], UsageAcc], kind: Any, repo: str, ts: st
     elif isinstance(kind, AgentFinished):
         acc = usage.setdefault((repo, ts[:10]), UsageAcc())
         acc.runs += 1
-        name = run_result(kind.outcome)
+        # A run stopped at its budget reads `killed` but is counted on its own.
+        name = kind.outcome if kind.outcome == BUDGET_EXCEEDED else run_result(kind.outcome)
         setattr(acc, name, getattr(acc, name) + 1)
 
 

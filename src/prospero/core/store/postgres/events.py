@@ -383,7 +383,7 @@ class PostgresEventStore(PgComponentStore):
                     cost_usd=r[4],
                     turns=r[5],
                     runs=r[6],
-                    outcomes=dict(zip(OUTCOMES, tuple(r)[7:11], strict=True)),
+                    outcomes=dict(zip(OUTCOMES, tuple(r)[7:12], strict=True)),
                 )
                 for r in await conn.fetch(sql.USAGE, since_day, until_day)
             ]

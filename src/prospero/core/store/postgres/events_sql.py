@@ -79,6 +79,8 @@ STEPS: list[Step] = [
         data bytea NOT NULL
     );
     """,
+    # Runs stopped at their budget, counted on their own.
+    "ALTER TABLE usage_daily ADD COLUMN budget_exceeded bigint NOT NULL DEFAULT 0",
 ]
 
 # The doorbell of every append (`core/bus/postgres.py`): NOTIFY on this channel with the
@@ -133,10 +135,10 @@ def _null_add(col: str) -> str:
 
 UPSERT_USAGE = (
     "INSERT INTO usage_daily (workspace, day, input_tokens, output_tokens, cost_usd, turns, runs,"
-    " done, failed, killed, crashed) "
+    " done, failed, killed, crashed, budget_exceeded) "
     "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], "
     "$5::double precision[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], "
-    "$10::bigint[], $11::bigint[]) "
+    "$10::bigint[], $11::bigint[], $12::bigint[]) "
     "ON CONFLICT (workspace, day) DO UPDATE SET "
     + ", ".join(
         [
@@ -149,6 +151,7 @@ UPSERT_USAGE = (
             "failed = usage_daily.failed + excluded.failed",
             "killed = usage_daily.killed + excluded.killed",
             "crashed = usage_daily.crashed + excluded.crashed",
+            "budget_exceeded = usage_daily.budget_exceeded + excluded.budget_exceeded",
         ]
     )
 )
@@ -243,7 +246,7 @@ SCAN_MOVED = (
 
 USAGE = (
     "SELECT workspace, day, input_tokens, output_tokens, cost_usd, turns, runs, "
-    "done, failed, killed, crashed FROM usage_daily "
+    "done, failed, killed, crashed, budget_exceeded FROM usage_daily "
     "WHERE day >= $1 AND day <= $2 ORDER BY workspace, day"
 )
 

@@ -592,7 +592,7 @@ class SqliteEventStore:
         def job(conn: sqlite3.Connection) -> list[UsageDay]:
             rows = conn.execute(
                 "SELECT workspace, day, input_tokens, output_tokens, cost_usd, turns, runs, "
-                "done, failed, killed, crashed FROM usage_daily "
+                "done, failed, killed, crashed, budget_exceeded FROM usage_daily "
                 "WHERE day >= ? AND day <= ? ORDER BY workspace, day",
                 (since_day, until_day),
             ).fetchall()
@@ -605,7 +605,7 @@ class SqliteEventStore:
                     cost_usd=r[4],
                     turns=r[5],
                     runs=r[6],
-                    outcomes=dict(zip(OUTCOMES, r[7:11], strict=True)),
+                    outcomes=dict(zip(OUTCOMES, r[7:12], strict=True)),
                 )
                 for r in rows
             ]

@@ -42,7 +42,7 @@ from prospero.types.events import EVENT_KIND_ADAPTER
 
 log = logging.getLogger("prospero.core.store.sqlite")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -73,6 +73,7 @@ CREATE TABLE IF NOT EXISTS usage_daily (
     failed        INTEGER NOT NULL DEFAULT 0,
     killed        INTEGER NOT NULL DEFAULT 0,
     crashed       INTEGER NOT NULL DEFAULT 0,
+    budget_exceeded INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (workspace, day)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS cursors (
@@ -97,7 +98,8 @@ def _null_add(col: str) -> str:
 
 UPSERT_USAGE = (
     "INSERT INTO usage_daily (workspace, day, input_tokens, output_tokens, cost_usd, turns, runs,"
-    " done, failed, killed, crashed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    " done, failed, killed, crashed, budget_exceeded)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (workspace, day) DO UPDATE SET "
     + ", ".join(
         [
@@ -110,6 +112,7 @@ UPSERT_USAGE = (
             "failed = usage_daily.failed + excluded.failed",
             "killed = usage_daily.killed + excluded.killed",
             "crashed = usage_daily.crashed + excluded.crashed",
+            "budget_exceeded = usage_daily.budget_exceeded + excluded.budget_exceeded",
         ]
     )
 )
@@ -122,6 +125,10 @@ def init_schema(conn: sqlite3.Connection) -> None:
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"database schema version {version} is newer than this build ({SCHEMA_VERSION})"
+            )
+        if 0 < version < 4:  # version 4: runs stopped at their budget, counted on their own
+            conn.execute(
+                "ALTER TABLE usage_daily ADD COLUMN budget_exceeded INTEGER NOT NULL DEFAULT 0"
             )
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
