@@ -304,7 +304,7 @@ async def test_the_cli_applies_k8s_workspaces_and_shows_their_phase(
 
     config = tmp_path / "ws.json"
     config.write_text(json.dumps(K8S_CONFIG))
-    res = await run("workspace", "add", "app", "--config", str(config))
+    res = await run("workspace", "add", "app", "--file", str(config))
     assert res.exit_code == 0, res.output
     said = " ".join(res.output.split())  # (the console may wrap)
     assert "applied Workspace CR 'app' (generation 1, not reconciled yet: phase Pending)" in said
@@ -328,9 +328,9 @@ async def test_the_cli_applies_k8s_workspaces_and_shows_their_phase(
     assert res.exit_code != 0 and "--file replaces the whole config" in res.output
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"sources": []}))
-    res = await run("workspace", "add", "other", "--config", str(bad))
+    res = await run("workspace", "add", "other", "--file", str(bad))
     assert res.exit_code != 0 and "at least one source" in res.output, res.output
-    res = await run("workspace", "add", "-o", "json", "app2", "--config", str(config))
+    res = await run("workspace", "add", "-o", "json", "app2", "--file", str(config))
     assert json.loads(res.stdout)["reconcile"]["phase"] == "Pending", res.output
 
     res = await run("workspace", "rm", "app2")

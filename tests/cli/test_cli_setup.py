@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -298,6 +299,81 @@ def test_a_provider_key_missing_from_prosperod_is_a_warning_at_config_time(
     res = cli("workspace", "config", "keyed", "--file", str(whole))
     assert res.exit_code == 0 and f"warning: {KEY_WARNING}" in said_err(res), res.output
     assert cli("workspace", "rm", "keyed").exit_code == 0
-    res = cli("workspace", "add", "keyed", str(root), "--config", str(whole))
+    res = cli("workspace", "add", "keyed", str(root), "--file", str(whole))
     assert res.exit_code == 0 and f"warning: {KEY_WARNING}" in said_err(res), res.output
     assert cli("workspace", "rm", "keyed").exit_code == 0
+
+
+# ---------------------------------------------------------------------------- one flag per concept
+
+
+def options_of(cli: Cli, *command: str) -> set[str]:
+    """The options `--help` lists for a command."""
+    return set(re.findall(r"(--[a-z][a-z-]+)", said(cli(*command, "--help"))))
+
+
+def test_the_decision_timeout_has_one_name_and_the_old_one_still_works(
+    cli: Cli, live: LiveStack, tmp_path: Path
+) -> None:
+    assert "--decision-timeout" in options_of(cli, "policy", "set")
+    assert "--timeout" not in options_of(cli, "policy", "set")  # hidden, deprecated
+    assert "--decision-timeout" in options_of(cli, "workspace", "config")
+
+    def timeout_s() -> Any:
+        return json.loads(cli("policy", "show", "alpha", "-o", "json").stdout)["timeout_s"]
+
+    res = cli("policy", "set", "alpha", "--decision-timeout", "45")
+    assert res.exit_code == 0 and res.stderr == "", res.output
+    assert timeout_s() == 45.0
+    res = cli("workspace", "config", "alpha", "--decision-timeout", "50")
+    assert res.exit_code == 0 and timeout_s() == 50.0, res.output
+    # the former spelling of `policy set` keeps scripts working, and says so
+    res = cli("policy", "set", "alpha", "--timeout", "60")
+    assert res.exit_code == 0, res.output
+    assert res.stderr.strip() == "warning: --timeout is deprecated: use --decision-timeout"
+    assert timeout_s() == 60.0
+    res = cli("policy", "set", "alpha", "--timeout", "60", "--decision-timeout", "70")
+    assert res.exit_code == 2, res.output
+    assert "--timeout is the former name of --decision-timeout" in said(res)
+    res = cli("policy", "set", "alpha", "--decision-timeout", "soon")
+    assert res.exit_code == 2 and "--decision-timeout" in said(res), res.output
+    assert timeout_s() == 60.0
+    reset = tmp_path / "policy.json"
+    reset.write_text(json.dumps({"rules": []}))
+    assert cli("policy", "set", "alpha", str(reset)).exit_code == 0
+    assert timeout_s() is None
+
+
+def test_a_config_file_is_file_everywhere(cli: Cli, live: LiveStack, tmp_path: Path) -> None:
+    """`workspace add --file` as `workspace config --file` (`--config` was add's name)."""
+    assert "--file" in options_of(cli, "workspace", "add")
+    assert "--config" not in options_of(cli, "workspace", "add")
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"env": {"A": "1"}}))
+    for name, flag in (("filed", "--file"), ("configed", "--config")):
+        root = tmp_path / name
+        root.mkdir()
+        res = cli("workspace", "add", name, str(root), flag, str(cfg))
+        assert res.exit_code == 0, res.output
+        assert config_of(live, name) == {"env": {"A": "1"}}
+        deprecated = "warning: --config is deprecated: use --file"
+        assert (deprecated in res.stderr) == (flag == "--config"), res.stderr
+        assert cli("workspace", "rm", name).exit_code == 0
+
+
+def test_the_tokens_file_is_named_as_prosperod_names_it(cli: Cli, tmp_path: Path) -> None:
+    """`token new/list --api-tokens-file`, prosperod's flag (`--tokens-file` was the CLI's)."""
+    assert "--api-tokens-file" in options_of(cli, "token", "new")
+    assert "--tokens-file" not in options_of(cli, "token", "list")
+    f = tmp_path / "tokens"
+    res = cli("token", "new", "ci", "--scope", "operate", "--api-tokens-file", str(f))
+    assert res.exit_code == 0 and res.stdout.startswith("pspo_"), res.output
+    res = cli("token", "new", "old", "--tokens-file", str(f))
+    assert res.exit_code == 0 and res.stdout.startswith("pspo_"), res.output
+    assert res.stderr.startswith("warning: --tokens-file is deprecated: use --api-tokens-file")
+    res = cli("token", "list", "--tokens-file", str(f), "-o", "json")
+    assert [t["name"] for t in json.loads(res.stdout)] == ["ci", "old"], res.output
+    res = cli("token", "list", env={"PROSPERO_API_TOKENS_FILE": str(f)})
+    assert res.exit_code == 0 and "ci" in res.stdout, res.output
+    res = cli("token", "list")
+    assert res.exit_code == 2 and "give --api-tokens-file FILE" in said(res), res.output

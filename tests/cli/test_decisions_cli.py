@@ -265,7 +265,7 @@ def test_policy_and_workspace_posture_commands(
         "deny kind=delete",
         "--posture",
         "supervised",
-        "--timeout",
+        "--decision-timeout",
         "90",
     )
     assert "updated the permission policy of workspace 'ws'" in res.stdout

@@ -38,7 +38,7 @@ def run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 def test_token_new_prints_once_and_stores_the_hash(tmp_path: Path) -> None:
     f = tmp_path / "tokens"
-    res = invoke("token", "new", "ci", "--scope", "operate", "--tokens-file", str(f))
+    res = invoke("token", "new", "ci", "--scope", "operate", "--api-tokens-file", str(f))
     assert res.returncode == 0, res.stderr
     token = res.stdout.strip()
     assert token.startswith("pspo_") and "\n" not in token
@@ -47,32 +47,32 @@ def test_token_new_prints_once_and_stores_the_hash(tmp_path: Path) -> None:
     assert token not in text and f"ci operate sha256:{hash_token(token).hex()}" in text
     assert stat.S_IMODE(f.stat().st_mode) == 0o600
 
-    assert invoke("token", "new", "viewer", "--tokens-file", str(f)).returncode == 0  # read
-    dup = invoke("token", "new", "ci", "--scope", "admin", "--tokens-file", str(f))
+    assert invoke("token", "new", "viewer", "--api-tokens-file", str(f)).returncode == 0  # read
+    dup = invoke("token", "new", "ci", "--scope", "admin", "--api-tokens-file", str(f))
     assert dup.returncode == 1 and "already exists" in dup.stderr
-    bad = invoke("token", "new", "x", "--scope", "root", "--tokens-file", str(f))
+    bad = invoke("token", "new", "x", "--scope", "root", "--api-tokens-file", str(f))
     assert bad.returncode == 2
-    bad_name = invoke("token", "new", "a b", "--tokens-file", str(f))
+    bad_name = invoke("token", "new", "a b", "--api-tokens-file", str(f))
     assert bad_name.returncode == 1 and "invalid token name" in bad_name.stderr
     assert [(e.name, e.scope) for e in read_tokens_file(f)] == [
         ("ci", Scope.operate),
         ("viewer", Scope.read),
     ]
 
-    listed = invoke("token", "list", "--tokens-file", str(f))
+    listed = invoke("token", "list", "--api-tokens-file", str(f))
     assert listed.returncode == 0, listed.stderr
     rows = [ln.split() for ln in listed.stdout.strip().splitlines()]
     assert rows == [["NAME", "SCOPE"], ["ci", "operate"], ["viewer", "read"]]
     assert "pspo_" not in listed.stdout and "sha256" not in listed.stdout
-    as_json = invoke("token", "list", "--tokens-file", str(f), "-o", "json")
+    as_json = invoke("token", "list", "--api-tokens-file", str(f), "-o", "json")
     assert json.loads(as_json.stdout) == [
         {"name": "ci", "scope": "operate"},
         {"name": "viewer", "scope": "read"},
     ]
-    missing = invoke("token", "list", "--tokens-file", str(tmp_path / "nope"))
+    missing = invoke("token", "list", "--api-tokens-file", str(tmp_path / "nope"))
     assert missing.returncode == 1 and "cannot read" in missing.stderr
     f.write_text("ci operate notahash\n")
-    broken = invoke("token", "list", "--tokens-file", str(f))
+    broken = invoke("token", "list", "--api-tokens-file", str(f))
     assert broken.returncode == 1 and "line 1" in broken.stderr
 
 
@@ -90,7 +90,7 @@ async def test_real_prosperod_accepts_cli_tokens(tmp_path: Path) -> None:
             "ops",
             "--scope",
             "operate",
-            "--tokens-file",
+            "--api-tokens-file",
             str(f),
         )
         assert res.returncode == 0, res.stderr
@@ -118,7 +118,7 @@ async def test_real_prosperod_accepts_cli_tokens(tmp_path: Path) -> None:
                 "root",
                 "--scope",
                 "admin",
-                "--tokens-file",
+                "--api-tokens-file",
                 str(f),
             )
             assert res.returncode == 0, res.stderr

@@ -5,7 +5,7 @@
     prospero deny ID [--always] [--note TEXT] [--option OPTION_ID]
     prospero policy show WS
     prospero policy set WS [FILE.json] [--rule 'ACTION key=glob ...']... [--append]
-                           [--posture P] [--timeout SECS|none]
+                           [--posture P] [--decision-timeout SECS|none]
 
 Registered on the main app when `prospero.cli.main` imports this module. Every command is
 one or a few HTTP calls, like the rest of the CLI; replies are read into `prospero.types`
@@ -37,7 +37,14 @@ from prospero.cli.app import (
 )
 from prospero.cli.client import Client, CliError, fleet_events, seg
 from prospero.cli.output import OutputFormat, print_data, print_item
-from prospero.cli.params import PostureOpt, WorkspaceArg, WorkspaceFilterOpt, parse_timeout
+from prospero.cli.params import (
+    PostureOpt,
+    WorkspaceArg,
+    WorkspaceFilterOpt,
+    deprecated,
+    parse_timeout,
+    renamed,
+)
 from prospero.cli.render_events import FollowRenderer, parse_event
 from prospero.types.decisions import Decision, WorkspacePolicy, option_for
 from prospero.types.events import DecisionOption
@@ -337,19 +344,25 @@ def policy_set(
     posture: Annotated[
         PostureOpt | None, typer.Option("--posture", help="Default posture of new spawns.")
     ] = None,
-    timeout: Annotated[
+    decision_timeout: Annotated[
         str | None,
-        typer.Option("--timeout", help="Seconds a supervised ask waits, or 'none'."),
+        typer.Option(
+            "--decision-timeout",
+            help="Seconds a supervised permission ask waits for a human, or 'none'.",
+        ),
     ] = None,
+    old_timeout: Annotated[str | None, deprecated("--timeout", "--decision-timeout")] = None,
     output: OutputOpt = None,
     addr: AddrOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Set a workspace's permission policy from a JSON file and/or flags."""
+    timeout = renamed(decision_timeout, old_timeout, "--decision-timeout", "--timeout")
     rules = [parse_rule(r) for r in rule or []]
     if file is None and not rules and posture is None and timeout is None:
         raise CliError(
-            "nothing to set: give FILE.json, --rule, --posture or --timeout", code=exits.USAGE
+            "nothing to set: give FILE.json, --rule, --posture or --decision-timeout",
+            code=exits.USAGE,
         )
     doc: Any = None
     if file is not None:
@@ -380,7 +393,7 @@ def policy_set(
         if posture is not None:
             patch["posture"] = posture.value
         if timeout is not None:
-            patch["timeout_s"] = parse_timeout(timeout)
+            patch["timeout_s"] = parse_timeout(timeout, "--decision-timeout")
         if patch:
             result = c.request("PATCH", path, json_body=patch).json()
     fmt = _fmt(ctx, output)

@@ -1,7 +1,7 @@
 """`prospero token`: manage prosperod's scoped API tokens file (ADR 0010).
 
-    prospero token new NAME --scope read|operate|admin --tokens-file FILE
-    prospero token list --tokens-file FILE [-o json]
+    prospero token new NAME --scope read|operate|admin --api-tokens-file FILE
+    prospero token list --api-tokens-file FILE [-o json]
 
 `new` generates a token (`pspo_` + 32 random bytes, base64url), appends only its SHA-256 hash
 to FILE (created with mode 0600; rewritten atomically) and prints the token once on stdout: it
@@ -9,7 +9,8 @@ cannot be shown again. A running prosperod started with `--api-tokens-file FILE`
 once (the file is re-read when it changes). To revoke a token, delete its line.
 
 These commands work on the file, not over HTTP: whoever may edit the tokens file is the
-administrator. `--tokens-file` defaults to `$PROSPERO_API_TOKENS_FILE` (the daemon's variable).
+administrator. `--api-tokens-file` (prosperod's own flag name; `--tokens-file` is its hidden,
+deprecated alias) defaults to `$PROSPERO_API_TOKENS_FILE` (the daemon's variable).
 
 Registered on the main app when `prospero.cli.main` imports this module.
 """
@@ -34,6 +35,7 @@ from prospero.cli.app import (
 )
 from prospero.cli.client import CliError
 from prospero.cli.output import print_data
+from prospero.cli.params import deprecated, renamed
 from prospero.types.tokens import Scope, TokenFileError, add_token, read_tokens_file
 
 token_app = typer.Typer(
@@ -50,14 +52,26 @@ class ScopeOpt(StrEnum):
 
 
 TokensFileOpt = Annotated[
-    Path,
+    Path | None,
     typer.Option(
-        "--tokens-file",
+        "--api-tokens-file",
         envvar="PROSPERO_API_TOKENS_FILE",
-        help="The tokens file prosperod reads (--api-tokens-file).",
+        help="The tokens file prosperod reads (its --api-tokens-file).",
         show_default=False,
     ),
 ]
+OldTokensFileOpt = Annotated[Path | None, deprecated("--tokens-file", "--api-tokens-file")]
+
+
+def _tokens_file(new: Path | None, old: Path | None) -> Path:
+    path = renamed(new, old, "--api-tokens-file", "--tokens-file")
+    if path is None:
+        raise typer.BadParameter(
+            "the tokens file prosperod reads: give --api-tokens-file FILE (or set "
+            "PROSPERO_API_TOKENS_FILE)",
+            param_hint="--api-tokens-file",
+        )
+    return path.expanduser()
 
 
 @token_app.command("new")
@@ -67,15 +81,16 @@ def token_new(
     name: Annotated[
         str, typer.Argument(metavar="NAME", help="Token name (A-Z a-z 0-9 _ . -), unique.")
     ],
-    tokens_file: TokensFileOpt,
+    tokens_file: TokensFileOpt = None,
     scope: Annotated[
         ScopeOpt,
         typer.Option("--scope", help="read < operate < admin (agents: operate)."),
     ] = ScopeOpt.read,
+    old_tokens_file: OldTokensFileOpt = None,
     output: OutputOpt = None,
 ) -> None:
     """Generate a token, store its hash in the tokens file, print the token once."""
-    path = tokens_file.expanduser()
+    path = _tokens_file(tokens_file, old_tokens_file)
     try:
         token = add_token(path, name, Scope.parse(scope.value))
     except TokenFileError as e:
@@ -97,10 +112,16 @@ def token_new(
 
 @token_app.command("list")
 @handle_errors
-def token_list(ctx: typer.Context, tokens_file: TokensFileOpt, output: OutputOpt = None) -> None:
+def token_list(
+    ctx: typer.Context,
+    tokens_file: TokensFileOpt = None,
+    old_tokens_file: OldTokensFileOpt = None,
+    output: OutputOpt = None,
+) -> None:
     """The tokens' names and scopes (never the tokens, which the file does not hold)."""
+    path = _tokens_file(tokens_file, old_tokens_file)
     try:
-        entries = read_tokens_file(tokens_file.expanduser())
+        entries = read_tokens_file(path)
     except TokenFileError as e:
         raise CliError(str(e)) from None
     fmt = _fmt(ctx, output)

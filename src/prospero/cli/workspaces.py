@@ -1,6 +1,6 @@
 """`prospero workspace add | list | config | rm`.
 
-Under `--fleet-backend k8s` a workspace is a Workspace CR: `add NAME --config FILE` and
+Under `--fleet-backend k8s` a workspace is a Workspace CR: `add NAME --file FILE` and
 `config NAME --file FILE` send a JSON config (sources, providers, default_provider, env,
 isolation); prosperod answers 202 with the CR's phase (the operator reconciles it), which is
 printed, and `list` shows each CR's phase.
@@ -32,7 +32,14 @@ from prospero.cli.app import (
 )
 from prospero.cli.client import Client, CliError, seg
 from prospero.cli.output import OutputFormat, print_data
-from prospero.cli.params import PostureOpt, WorkspaceArg, abs_path, parse_timeout
+from prospero.cli.params import (
+    PostureOpt,
+    WorkspaceArg,
+    abs_path,
+    deprecated,
+    parse_timeout,
+    renamed,
+)
 from prospero.types.api import WorkspaceSummary
 from prospero.types.k8s import WorkspaceAccepted
 from prospero.types.model import Unreachable
@@ -59,10 +66,11 @@ def workspace_add(
     config_file: Annotated[
         Path | None,
         typer.Option(
-            "--config",
+            "--file",
             help="JSON file with the workspace config (k8s: sources, providers, ...).",
         ),
     ] = None,
+    old_config_file: Annotated[Path | None, deprecated("--config", "--file")] = None,
     caliband_addr: Annotated[
         str | None,
         typer.Option(
@@ -114,12 +122,13 @@ def workspace_add(
     token: TokenOpt = None,
 ) -> None:
     """Register a workspace with prosperod (k8s: apply its Workspace CR)."""
+    config_file = renamed(config_file, old_config_file, "--file", "--config")
     root_abs = abs_path(root) if root else ""
     body: dict[str, Any] = {"name": name}
     if root_abs:
         body["root"] = root_abs
     if config_file is not None:
-        body["config"] = _read_config(config_file, "--config")
+        body["config"] = _read_config(config_file, "--file")
     endpoint = _caliband_endpoint(caliband_addr, ca_file, token_file, server_name, caliband_source)
     if endpoint is not None:
         body.setdefault("config", {})["caliband"] = endpoint
