@@ -36,6 +36,7 @@ from prospero.core.wire.control import SpawnSpec
 from prospero.daemon.runtime import DaemonConfig, Runtime
 from prospero.testkit import scripts
 from prospero.testkit.fake_caliband import FakeCaliband
+from tests.api.conftest import budget_script
 from tests.support import poll_until_sync, short_tmpdir
 
 T = TypeVar("T")
@@ -48,6 +49,8 @@ def cli_script_for(spec: SpawnSpec) -> scripts.Script:
     prompt = spec.initial_prompt.lower()
     if spec.interactive or "interactive" in prompt:
         return scripts.interactive_script("Ready when you are.")
+    if "budget" in prompt:  # 600 tokens ($0.0042) a turn, 8 turns
+        return budget_script(pause=0.3)
     if "slow" in prompt:
         # Stays running until killed: some output, then a long pause before RunEnd.
         return [

@@ -332,3 +332,29 @@ def test_ls_watch_prints_changes(cli: Cli, live: LiveStack, tmp_path: Path) -> N
     changed = [json.loads(ln) for ln in out.splitlines()]
     assert [(c["id"], c["label"]) for c in changed] == [(new_id, "watched")]
     assert cli("kill", new_id).exit_code == 0
+
+
+def test_spawn_with_a_budget_is_stopped_and_says_so(cli: Cli, live: LiveStack) -> None:
+    """`spawn --budget-usd 0.01 --follow --exit-status`: the warning and the stop in the
+    follow output, exit 7 (not done); `describe` shows the cap and the outcome."""
+    res = cli(
+        "spawn",
+        "alpha",
+        "budget: a capped run",
+        "--budget-usd",
+        "0.01",
+        "--follow",
+        "--exit-status",
+    )
+    assert res.exit_code == 7, res.output
+    assert "[budget] $0.0084 of $0.0100 spent" in res.stdout
+    assert "[budget exceeded] $0.0126 of a $0.0100 cap: stopped" in res.stdout
+    assert "budget_exceeded" in res.stdout
+    agent = SPAWNED.search(res.stdout)
+    assert agent
+    shown = cli("describe", "agent", agent.group(1))
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"Budget:\s+\$0\.01", shown.stdout), shown.stdout
+    assert re.search(r"Outcome:\s+budget_exceeded", shown.stdout), shown.stdout
+    refused = cli("spawn", "alpha", "budget", "--budget-tokens", "0")
+    assert refused.exit_code == 2, refused.output

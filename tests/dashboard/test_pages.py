@@ -42,7 +42,7 @@ async def test_usage_charts_and_windows(
     await expect(docs_row.locator("td").nth(6)).to_have_text("1")  # done
     await expect(docs_row.locator("td").nth(8)).to_have_text("1")  # killed
     charts = page.locator("figure.chart")
-    await expect(charts).to_have_count(8)
+    await expect(charts).to_have_count(9)  # ... and one per outcome, over budget included
     await expect(
         page.locator('figure.chart svg[aria-label="Tokens per day"] rect.bar')
     ).to_have_count(2)

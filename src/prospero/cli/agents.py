@@ -74,6 +74,18 @@ def spawn(
     posture: Annotated[
         PostureOpt | None, typer.Option("--posture", help="Permission posture.")
     ] = None,
+    budget_usd: Annotated[
+        float | None,
+        typer.Option(
+            "--budget-usd", min=0.000001, help="Stop the agent once its turns cost more ($)."
+        ),
+    ] = None,
+    budget_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--budget-tokens", min=1, help="Stop the agent once its turns used more tokens."
+        ),
+    ] = None,
     follow: Annotated[
         bool,
         typer.Option("--follow", "-f", help="Then follow its events until it finishes."),
@@ -107,6 +119,10 @@ def spawn(
         body["drive_protocol"] = drive_protocol.value
     if posture is not None:
         body["posture"] = posture.value
+    if budget_usd is not None:
+        body["budget_usd"] = budget_usd
+    if budget_tokens is not None:
+        body["budget_tokens"] = budget_tokens
     fmt = _fmt(ctx, output)
     with _client(ctx, addr, token) as c:
         resp = c.request("POST", f"/api/workspaces/{seg(workspace)}/agents", json_body=body)

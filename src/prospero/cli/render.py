@@ -272,6 +272,7 @@ def _usage_cells(g: UsageGroup | UsageBucket) -> list[str]:
         str(o.failed),
         str(o.killed),
         str(o.crashed),
+        str(o.budget_exceeded),
     ]
 
 
@@ -281,7 +282,7 @@ def render_usage(console: Console, report: UsageReport) -> None:
         console.print("(no usage in this window)")
         return
     cols = ["runs", "turns", "tokens in", "tokens out", "cost"]
-    cols += ["done", "failed", "killed", "crashed"]
+    cols += ["done", "failed", "killed", "crashed", "over budget"]
     rows: list[tuple[str, list[str], bool]] = []
     for g in report.groups:
         rows.append((g.workspace, _usage_cells(g), True))
@@ -311,6 +312,15 @@ def fields(console: Console, pairs: Sequence[tuple[str, str | Text]], indent: in
         console.print(line)
 
 
+def _budget(a: Agent) -> str:
+    caps = []
+    if a.budget_usd is not None:
+        caps.append(f"${a.budget_usd:g}")
+    if a.budget_tokens is not None:
+        caps.append(f"{a.budget_tokens:,} tokens")
+    return " / ".join(caps) if caps else NONE
+
+
 def describe_agent(
     console: Console, a: Agent, t: AgentTotals | None, decisions: Sequence[Decision]
 ) -> None:
@@ -334,6 +344,7 @@ def describe_agent(
         ("Turns", str(t.turns)),
         ("Tokens", f"{fmt_count(t.input_tokens)} in / {fmt_count(t.output_tokens)} out"),
         ("Cost", NONE if t.cost_usd is None else f"${t.cost_usd:.4f}"),
+        ("Budget", _budget(a)),
         ("Events", f"{t.seq} (prospero logs {a.id})"),
     ]
     fields(console, pairs)

@@ -21,6 +21,7 @@ from prospero.cli.render import (
     tool_text,
 )
 from prospero.types import events as ev
+from prospero.types.decisions import denied_by_posture
 
 SHELL_TOOLS = frozenset({"Bash", "bash", "shell", "Shell", "execute", "terminal"})
 
@@ -48,6 +49,9 @@ class FollowRenderer:
         self.at_line_start = True
         self.tool_names: dict[str, str] = {}
         self.current_stream: str | None = None
+        # The run's resolved permission requests, and those its autonomous posture denied.
+        self.resolved = 0
+        self.denied_by_posture = 0
 
     def _newline_if_needed(self) -> None:
         if not self.at_line_start:
@@ -125,6 +129,9 @@ class FollowRenderer:
 
     def event(self, event: ev.FleetEvent) -> None:
         k = event.kind
+        if isinstance(k, ev.DecisionResolved):
+            self.resolved += 1
+            self.denied_by_posture += denied_by_posture(k)
         if isinstance(k, ev.DecisionPending | ev.DecisionResolved):
             self.decision_line(event)
         elif isinstance(k, ev.Output):
@@ -169,6 +176,7 @@ class FollowRenderer:
             if k.detail:
                 t.append(f" ({k.detail})", style="red")
             self.line(t)
+            self.posture_warning(event.repo)
         elif isinstance(k, ev.StatusChanged):
             t = Text("[status] ", style="magenta")
             t.append_text(status_text(k.from_.value))
@@ -181,6 +189,17 @@ class FollowRenderer:
                 what = f"up to {k.missing} lines lost"
             detail = f": {k.detail}" if k.detail else ""
             self.line(Text(f"[stream_gap] {what}{detail}", style="yellow"))
+        elif isinstance(k, ev.BudgetWarning | ev.BudgetExceeded):
+
+            def amount(v: float) -> str:
+                return f"${v:.4f}" if k.limit == "usd" else f"{int(v):,} tokens"
+
+            if isinstance(k, ev.BudgetWarning):
+                text = f"[budget] {amount(k.spent)} of {amount(k.cap)} spent"
+                self.line(Text(text, style="yellow"))
+            else:
+                text = f"[budget exceeded] {amount(k.spent)} of a {amount(k.cap)} cap: stopped"
+                self.line(Text(text, style="bold red"))
         elif isinstance(k, ev.FramesSkipped):
             reason = k.reason or "unreadable"
             self.line(Text(f"[skipped] {k.count} {reason} line(s)", style="yellow"))
@@ -207,6 +226,27 @@ class FollowRenderer:
             self.line(Text(f"[health] {k.state.state}", style="dim"))
         else:  # pragma: no cover - every kind of the union is handled above
             self.line(Text(f"[{k.kind}]", style="dim"))
+
+    def posture_warning(self, workspace: str) -> None:
+        """At the end of a run: say so when its autonomous posture denied its permission
+        requests (the run may well end `EndOfTurn` having changed nothing it asked to)."""
+        denied = self.denied_by_posture
+        if not denied:
+            return
+        what = (
+            f"every permission request of this run ({denied}) was"
+            if denied == self.resolved
+            else f"{denied} of the {self.resolved} permission requests of this run were"
+        )
+        self.line(
+            Text(
+                f"⚠ {what} denied by its posture: an autonomous agent has nobody to ask. To "
+                "approve them, spawn with --posture supervised (or set the workspace's: "
+                f"prospero policy set {workspace or 'WORKSPACE'} --posture supervised) and "
+                "answer with prospero decisions / prospero approve ID",
+                style="bold yellow",
+            )
+        )
 
     def tool_finished(self, k: ev.ToolFinished) -> None:
         name = k.name or self.tool_names.get(k.id, "") or "tool"

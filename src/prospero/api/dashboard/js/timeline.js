@@ -181,6 +181,17 @@ export class Timeline {
           `Turn ${k.turn ?? "?"} lost — its outcome is unknown` + (k.reason ? ` (${k.reason})` : ""),
         );
         break;
+      case "budget_warning":
+      case "budget_exceeded": {
+        const money = k.limit === "usd";
+        const fmt = (v) => (money ? `$${Number(v).toFixed(4)}` : `${Math.round(v).toLocaleString()} tokens`);
+        const text =
+          k.kind === "budget_warning"
+            ? `Budget: ${fmt(k.spent)} of ${fmt(k.cap)} spent (${Math.round((k.threshold || 0.8) * 100)} % reached)`
+            : `Budget exceeded: ${fmt(k.spent)} of a ${fmt(k.cap)} cap — the agent is stopped`;
+        this._marker(k.kind, seq, ts, "warn", text);
+        break;
+      }
       case "store_persist_failed":
         this._marker(
           "store_persist_failed",

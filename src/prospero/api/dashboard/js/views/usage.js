@@ -16,8 +16,8 @@ const WINDOWS = [
   ["7", "7 d"],
   ["30", "30 d"],
 ];
-const OUTCOMES = ["done", "failed", "killed", "crashed"];
-const COLUMNS = ["Workspace", "Tokens in", "Tokens out", "Cost", "Turns", "Runs", "Done", "Failed", "Killed", "Crashed"];
+const OUTCOMES = ["done", "failed", "killed", "crashed", "budget_exceeded"];
+const COLUMNS = ["Workspace", "Tokens in", "Tokens out", "Cost", "Turns", "Runs", "Done", "Failed", "Killed", "Crashed", "Over budget"];
 
 function daysBetween(since, until) {
   const out = [];
@@ -31,7 +31,7 @@ function daysBetween(since, until) {
 }
 
 function emptyBucket() {
-  return { input_tokens: 0, output_tokens: 0, cost_usd: 0, turns: 0, runs: 0, done: 0, failed: 0, killed: 0, crashed: 0 };
+  return { input_tokens: 0, output_tokens: 0, cost_usd: 0, turns: 0, runs: 0, done: 0, failed: 0, killed: 0, crashed: 0, budget_exceeded: 0 };
 }
 
 function addBucket(acc, b) {
@@ -118,7 +118,7 @@ export function mount(root) {
         stat("Tokens out", tokensReported ? fmtTokens(total.output_tokens) : "—"),
         stat("Turns", fmtInt(total.turns)),
         stat("Runs", fmtInt(total.runs)),
-        stat("Outcomes", `${total.done} done`, `${total.failed} failed · ${total.killed} killed · ${total.crashed} crashed`),
+        stat("Outcomes", `${total.done} done`, `${total.failed} failed · ${total.killed} killed · ${total.crashed} crashed` + (total.budget_exceeded ? ` · ${total.budget_exceeded} over budget` : "")),
       ),
       h(
         "div",
