@@ -10,6 +10,11 @@ from typing import Any
 
 import pytest
 
+from prospero.core.discovery import socket_path_for
+from prospero.core.sources import canonical_root
+from prospero.core.wire.control import SpawnSpec
+from prospero.testkit import acp_scripts as S
+from prospero.testkit.fake_caliband import FakeCaliband
 from tests.api.conftest import BUDGET_TURN, StackFactory
 from tests.support import wait_until
 
@@ -94,3 +99,62 @@ async def test_a_cap_that_is_not_positive_is_refused(
     )
     assert r.status_code == 422, r.text
     assert (await stack.client.get("/api/fleet")).json()["workspaces"][0]["agents"] == []
+
+
+def budget_acp_script(_spec: SpawnSpec) -> S.AcpScript:
+    """Turn 1 costs $0.006 (cumulative usage_update), turn 2 brings the session to $0.012."""
+    return S.AcpScript(
+        turns=[
+            [
+                S.text("first"),
+                S.usage(600, 200_000, cost=0.006),
+                S.stop(input_tokens=400, output_tokens=200),
+            ],
+            [
+                S.text("second"),
+                S.usage(1200, 200_000, cost=0.012),
+                S.stop(input_tokens=400, output_tokens=200),
+            ],
+        ],
+        default_turn=[S.text("never"), S.stop()],
+    )
+
+
+async def test_an_acp_agent_is_concluded_then_killed_at_its_cap(
+    make_stack: StackFactory,
+) -> None:
+    stack = await make_stack(workspace=False, allow_acp=True)
+    root = stack.tmp / "ws"
+    root.mkdir()
+    canon = canonical_root(str(root))
+    stack.fakes["ws"] = await FakeCaliband.start_unix(
+        socket_path_for(canon), root=canon, acp_script_for=budget_acp_script
+    )
+    stack.roots["ws"] = root
+    assert stack.runtime.manager is not None
+    await stack.runtime.manager.add_workspace("ws", str(root))
+    agent = await stack.spawn(
+        "acp-budget", drive_protocol="acp", interactive=True, budget_usd=0.01, posture="autonomous"
+    )
+
+    async def turns(n: int) -> bool:
+        return kinds(await stack.history(agent)).count("turn_finished") >= n
+
+    await wait_until(lambda: turns(1), 20, what="the first turn")
+    r = await stack.client.post(f"/api/agents/{agent}/input", json={"text": "go on"})
+    assert r.status_code == 202, r.text
+    events = await stack.wait_finished(agent, within=30)
+    seq = kinds(events)
+    assert seq.count("turn_finished") == 2 and seq.count("budget_exceeded") == 1
+    assert "budget_warning" not in seq  # $0.006 is under 80 % of $0.01; $0.012 crosses at once
+    exceeded = next(e["kind"] for e in events if e["kind"]["kind"] == "budget_exceeded")
+    assert exceeded["spent"] == pytest.approx(0.012) and exceeded["limit"] == "usd"
+    finished = next(e["kind"] for e in events if e["kind"]["kind"] == "agent_finished")
+    assert finished["outcome"] == "budget_exceeded"
+    assert seq.index("budget_exceeded") < seq.index("agent_finished")
+    await stack.wait_status(agent, "killed")
+    got = (await stack.client.get(f"/api/agents/{agent}")).json()
+    assert got["outcome"] == "budget_exceeded"
+    # The worker was released through caliband (killed), and input is refused now.
+    r = await stack.client.post(f"/api/agents/{agent}/input", json={"text": "more"})
+    assert r.status_code == 409, r.text
