@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import ast
+import io
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from prospero.cli import exits
 from prospero.cli.client import CliError
 from prospero.cli.decisions import _pick_option
-from prospero.types.decisions import Decision, option_for
+from prospero.cli.render_events import FollowRenderer
+from prospero.types.decisions import AUTONOMOUS_NOTE, AUTONOMOUS_RULE, Decision, option_for
 from prospero.types.events import DecisionOption
 
 CLI = Path(__file__).resolve().parents[2] / "src" / "prospero" / "cli"
@@ -77,3 +80,67 @@ def test_cli_modules_import_one_way() -> None:
             )
         if path.name != "__main__.py":
             assert "prospero.cli.main" not in ours, path.name
+
+
+def _resolved(seq: int, by: str, note: str, kind: str = "reject_once") -> dict[str, object]:
+    return {
+        "seq": seq,
+        "ts": "2026-01-01T00:00:00Z",
+        "repo": "ws",
+        "agent_id": "a",
+        "kind": {
+            "kind": "decision_resolved",
+            "id": f"dec-{seq}",
+            "tool_call": {"id": f"t{seq}", "title": "Edit src/app.py", "kind": "edit"},
+            "state": "decided",
+            "option_id": kind,
+            "option_kind": kind,
+            "by": by,
+            "note": note,
+            "rule": AUTONOMOUS_RULE if note == AUTONOMOUS_NOTE else "ws#1",
+        },
+    }
+
+
+FINISHED = {
+    "seq": 99,
+    "ts": "2026-01-01T00:00:01Z",
+    "repo": "ws",
+    "agent_id": "a",
+    "kind": {"kind": "agent_finished", "outcome": "EndOfTurn", "turns": 1},
+}
+
+
+@pytest.mark.parametrize(
+    ("resolved", "warning"),
+    [
+        ([], None),
+        ([("policy", "deny kind='edit'")], None),  # a deny rule: what the policy says
+        ([("alice", "fine", "allow_once")], None),
+        ([("policy", AUTONOMOUS_NOTE)], "every permission request of this run (1) was denied"),
+        (
+            [("policy", AUTONOMOUS_NOTE), ("policy", AUTONOMOUS_NOTE)],
+            "every permission request of this run (2) was denied",
+        ),
+        (
+            [("policy", AUTONOMOUS_NOTE), ("policy", "allow kind='read'", "allow_once")],
+            "1 of the 2 permission requests of this run were denied",
+        ),
+    ],
+)
+def test_a_run_whose_requests_its_posture_denied_says_so(
+    resolved: list[tuple[str, ...]], warning: str | None
+) -> None:
+    console = Console(file=io.StringIO(), width=100, no_color=True, soft_wrap=True)
+    r = FollowRenderer(console)
+    for i, args in enumerate(resolved):
+        r.raw(_resolved(i + 1, *args))
+    r.raw(FINISHED)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    last = out.strip().splitlines()[-1]
+    if warning is None:
+        assert last.startswith("[finished] EndOfTurn"), out
+        assert "posture" not in out
+    else:
+        assert last.startswith(f"⚠ {warning} by its posture: an autonomous agent"), out
+        assert "prospero policy set ws --posture supervised" in last

@@ -5,6 +5,7 @@ finish, and the audit shows who approved."""
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -76,3 +77,54 @@ def test_demo_supervised_agent_waits_for_approval(demo: DemoProcess) -> None:
     demo.proc.send_signal(signal.SIGTERM)
     assert demo.proc.wait(30) == 0, "".join(demo.stderr)
     assert "Traceback" not in "".join(demo.stderr)
+
+
+def test_the_demos_suggested_acp_spawn_does_what_it_says(demo: DemoProcess) -> None:
+    """The banner's ACP spawn runs supervised: its edit waits in `prospero decisions`, and
+    once approved the edit is made. The same spawn under the default posture (autonomous) has
+    its edit denied, and its follow says so instead of ending on a bare `EndOfTurn`."""
+    url = demo.wait_banner()
+    banner = wait_for(
+        lambda: text if "usage" in (text := demo.banner_text()) else None, 30, "the banner"
+    )
+    [line] = [ln for ln in banner.splitlines() if "spawn" in ln and "--drive-protocol acp" in ln]
+    argv = shlex.split(line.split("#", 1)[0])
+    assert argv[0] == "prospero" and argv[1:3] == ["--addr", url], argv
+    suggested = argv[3:]
+    assert suggested[-2:] == ["--posture", "supervised"], suggested
+    assert "decisions" in banner.split(line, 1)[1].splitlines()[1]  # the hint below it
+
+    res = cli(url, *suggested, "-o", "json")
+    assert res.returncode == 0, res.stderr
+    agent_id = json.loads(res.stdout)["agent_id"]
+
+    def pending() -> list[dict[str, Any]] | None:
+        res = cli(url, "decisions", "--agent", agent_id, "-o", "json")
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout) or None
+
+    [d] = wait_for(pending, 60, "the suggested agent's permission request")
+    assert d["tool_call"]["title"] == "Edit src/app.py"
+    assert cli(url, "approve", d["id"]).returncode == 0
+    res = cli(url, "follow", agent_id)
+    assert res.returncode == 0, res.stderr
+    assert "✔ permission Edit src/app.py (edit): allowed" in res.stdout, res.stdout
+    assert "✓ Edit src/app.py" in res.stdout and "[finished] EndOfTurn" in res.stdout
+    assert "denied by its posture" not in res.stdout
+
+    # without --posture supervised (what the banner used to suggest): denied, and said so
+    unsupervised = suggested[:-2]
+    res = cli(url, *unsupervised, "--follow")
+    assert res.returncode == 0, res.stderr
+    out = " ".join(res.stdout.split())
+    assert "✘ permission Edit src/app.py (edit): denied" in out, out
+    assert "[finished] EndOfTurn" in out
+    assert (
+        "⚠ every permission request of this run (1) was denied by its posture: an autonomous "
+        "agent has nobody to ask. To approve them, spawn with --posture supervised (or set the "
+        "workspace's: prospero policy set payments-api --posture supervised) and answer with "
+        "prospero decisions / prospero approve ID"
+    ) in out, out
+    assert out.index("[finished]") < out.index("⚠ every permission request")
+    demo.proc.send_signal(signal.SIGTERM)
+    assert demo.proc.wait(30) == 0, "".join(demo.stderr)

@@ -16,7 +16,8 @@ What it sets up:
 - ACP (ADR 0011; the demo runs with `allow_acp` on): the fake calibands serve ACP agents with a
   scripted ACP peer (`acp_script_for`); the fleet includes an ACP agent (`DEMO_ACP_FLEET`,
   seeded when prosperod has an ACP driver), and `prospero spawn WS "..." --drive-protocol acp`
-  works.
+  works (the banner suggests it with `--posture supervised`: the scripted agent asks to edit a
+  file, and under the default posture, autonomous, that request is denied).
 - Permission decisions (ADR 0006): the ACP agent `acp-supervised-edit` is spawned with posture
   `supervised`; it stops on its permission request to edit a file until someone answers it:
   `prospero decisions` lists the request, `prospero approve ID` lets the agent finish (the
@@ -246,9 +247,15 @@ class Demo:
                 lines.append(f"    prospero{addr} approve DECISION_ID")
         lines.append(f'    prospero{addr} spawn payments-api "Add a health endpoint"')
         if any(lb in {a.label for a in DEMO_ACP_FLEET} for _i, _w, lb in self.spawned):
+            # Supervised: it asks before it edits, and waits for the answer. Under the default
+            # posture (autonomous) nobody would be asked: every edit denied.
             lines.append(
                 f'    prospero{addr} spawn payments-api "Add a health endpoint" '
-                "--drive-protocol acp"
+                "--drive-protocol acp --posture supervised"
+            )
+            lines.append(
+                f"        # an ACP agent that asks before each edit: prospero{addr} decisions "
+                "lists it, approve DECISION_ID lets it edit"
             )
         lines.append(f"    prospero{addr} usage")
         return "\n".join(lines)

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prospero.types.events import DecisionOption, DecisionToolCall
+from prospero.types.events import DecisionOption, DecisionResolved, DecisionToolCall
 from prospero.types.model import Posture
 from prospero.types.text import FreeText, Name
 
@@ -24,6 +24,22 @@ RuleAction = Literal["allow", "deny", "ask"]
 MAX_NOTE = 2000
 MAX_RULES = 200
 MAX_GLOB = 1000
+
+# An autonomous agent has nobody to ask: its permission request is denied by policy (`by`) with
+# this note, under the rule `AUTONOMOUS_RULE` (or the `ask` rule that matched it).
+BY_POLICY = "policy"
+AUTONOMOUS_RULE = "autonomous-default-deny"
+AUTONOMOUS_NOTE = "autonomous posture: nobody to ask"
+
+
+def denied_by_posture(resolved: DecisionResolved) -> bool:
+    """Whether a resolved permission request was denied because its agent's posture is
+    autonomous (not by a rule, a human or a timeout)."""
+    return (
+        resolved.state == "decided"
+        and resolved.by == BY_POLICY
+        and resolved.note == AUTONOMOUS_NOTE
+    )
 
 
 class Decision(BaseModel):

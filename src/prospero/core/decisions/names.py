@@ -3,6 +3,10 @@ of the automatic answers, and the audit name of an API caller."""
 
 from __future__ import annotations
 
+# The names the CLI reads back too live in the types (re-exported here).
+from prospero.types.decisions import AUTONOMOUS_NOTE as AUTONOMOUS_NOTE
+from prospero.types.decisions import AUTONOMOUS_RULE as AUTONOMOUS_RULE
+from prospero.types.decisions import BY_POLICY as BY_POLICY
 from prospero.types.model import Posture
 
 # Metric names.
@@ -18,8 +22,7 @@ DECISION_WEBHOOK_RETRIES = "decision_webhook_retries"
 DECISION_WEBHOOK_FAILURES = "decision_webhook_failures"
 DECISION_WEBHOOK_DROPPED = "decision_webhook_dropped"
 
-# Who resolved a decision, besides an API token name.
-BY_POLICY = "policy"
+# Who resolved a decision, besides an API token name (`BY_POLICY`: prospero.types.decisions).
 BY_RULE = "rule"
 BY_TIMEOUT = "timeout"
 BY_CANCEL = "cancel"
@@ -28,7 +31,6 @@ BY_RESTART = "restart"
 BY_TAKEOVER = "takeover"
 ANONYMOUS = "anonymous"
 
-AUTONOMOUS_RULE = "autonomous-default-deny"
 DEFAULT_POSTURE: Posture = "autonomous"
 TIMED_OUT = "timed out"
 CANCELLED_NOTE = (

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from prospero.core.aio import wait_for
 from prospero.core.decisions.errors import DecisionConflict, DecisionNotFound, UnknownOption
 from prospero.core.decisions.names import (
+    AUTONOMOUS_NOTE,
     AUTONOMOUS_RULE,
     BY_CANCEL,
     BY_POLICY,
@@ -281,9 +282,7 @@ class DecisionService:
             )
         if posture != "supervised":
             rule = match.name if match is not None else AUTONOMOUS_RULE
-            return await self._auto(
-                request, base, "reject", BY_POLICY, rule, "autonomous posture: nobody to ask"
-            )
+            return await self._auto(request, base, "reject", BY_POLICY, rule, AUTONOMOUS_NOTE)
         return await self._ask(request, base, policy)
 
     async def _auto(
