@@ -278,6 +278,8 @@ async def test_decide_errors(make_stack: StackFactory) -> None:
     fleet = (await stack.client.get("/api/fleet")).json()
     [view] = [a for ws in fleet["workspaces"] for a in ws["agents"] if a["id"] == agent_id]
     assert (view["status"], view["pending_decisions"]) == ("running", 1)
+    one = (await stack.client.get(f"/api/agents/{agent_id}")).json()  # the agent's own view
+    assert (one["status"], one["pending_decisions"]) == ("running", 1)
     r = await stack.client.post(f"/api/decisions/{d['id']}", json={"option_id": "maybe"})
     assert "offered: allow-once (allow_once)" in envelope(r, 400, "invalid_option")["error"]
     r = await stack.client.post(f"/api/decisions/{d['id']}", json={})
@@ -298,6 +300,7 @@ async def test_decide_errors(make_stack: StackFactory) -> None:
     assert (await stack.client.get("/api/decisions?state=pending")).json() == []
     fleet = (await stack.client.get("/api/fleet")).json()
     assert [a["pending_decisions"] for ws in fleet["workspaces"] for a in ws["agents"]] == [0]
+    assert (await stack.client.get(f"/api/agents/{agent_id}")).json()["pending_decisions"] == 0
 
 
 async def test_fleet_and_agent_streams_carry_decision_events(make_stack: StackFactory) -> None:

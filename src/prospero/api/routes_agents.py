@@ -12,6 +12,7 @@ from prospero.api.deps import ApiState, api_state
 from prospero.api.errors import InvalidRequest
 from prospero.api.responses import empty, errors, json_response
 from prospero.api.routes_cluster import fill_owners
+from prospero.api.routes_decisions import fill_pending
 from prospero.api.sse import (
     SSE_RESPONSES,
     SseResponse,
@@ -81,6 +82,7 @@ def agent_resume(
 async def get_agent(st: State, agent_id: str) -> Response:
     agent = st.manager.get_agent(agent_id)
     await fill_owners(st, [agent])
+    await fill_pending(st, [agent])
     return json_response(agent)
 
 

@@ -198,7 +198,8 @@ class Agent(BaseModel):
     pending_decisions: int = Field(
         default=0,
         description=(
-            "Filled by GET /api/fleet: the agent's permission decisions waiting for a human "
+            "Filled by GET /api/fleet and GET /api/agents/{id}: the agent's permission "
+            "decisions waiting for a human "
             "(more than 0: it is awaiting approval, whatever its status says)."
         ),
     )
