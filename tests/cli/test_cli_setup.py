@@ -157,18 +157,21 @@ def test_autostart_that_works_registers_a_healthy_workspace_without_warning(
         tmp_path / "caliband",
         f'#!/bin/sh\nexec "{sys.executable}" -m prospero.testkit.fake_caliband "$@"\n',
     )
-    with autostarting(tmp_path, wrapper) as (_live, cli):
-        try:
+    try:
+        with autostarting(tmp_path, wrapper) as (_live, cli):
             res = cli("workspace", "add", "w", str(root))
             assert res.exit_code == 0, res.output
             assert res.stdout.strip() == f"registered workspace 'w' at {root}"
             assert res.stderr == "", res.stderr  # no warning (and no progress: not a tty)
             row = json.loads(cli("workspace", "list", "-o", "json").stdout)[0]
             assert row["health"] == {"state": "healthy"}, row
-        finally:
-            for proc in autostarted_processes():  # detached by design: ended here
-                proc.terminate()
-                proc.wait(10)
+    finally:
+        # Detached by design, so ended here; once the stack is stopped (a running one would
+        # autostart the next as soon as its poll found this one gone).
+        for proc in autostarted_processes():
+            proc.terminate()
+            proc.wait(10)
+        assert autostarted_processes() == []
 
 
 def test_a_terminal_sees_progress_while_prosperod_reaches_the_caliband(
