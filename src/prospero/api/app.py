@@ -38,6 +38,7 @@ from prospero.api.docs import install_docs
 from prospero.api.errors import install_error_handlers
 from prospero.api.guard import HostGuard, OriginGuard
 from prospero.api.head import HeadAdapter
+from prospero.api.mcp_server import install_mcp
 from prospero.api.middleware import (
     AccessLogMiddleware,
     BodyLimitMiddleware,
@@ -102,6 +103,7 @@ def create_app(runtime: AppRuntime, settings: ApiSettings | None = None) -> Fast
     app.include_router(routes_decisions.router)
     app.include_router(routes_session.router)
     app.include_router(routes_cluster.router)
+    install_mcp(app, state)  # /mcp: the MCP server (streamable HTTP), behind the same layers
     routes_dashboard.install_routes(app)
     install_docs(app)
     install_openapi(app)

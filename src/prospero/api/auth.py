@@ -15,8 +15,9 @@ Credentials, in this order (the first one present decides):
 Scopes `read < operate < admin` gate the route table `ROUTE_TABLE` (first match wins):
 probes, the dashboard's assets, `/api/session` and the API docs are open; GET/HEAD under
 `/api/` and `/metrics` need `read`; spawn, agent operations (`DELETE /api/agents/{id}`,
-`POST /api/agents/{id}/...`) and decision resolution need `operate`; workspace add/delete/config
-and policy writes need `admin`, as does ANY route the table does not list (fail closed).
+`POST /api/agents/{id}/...`), decision resolution and the MCP server (`/mcp`, any method) need
+`operate`; workspace add/delete/config and policy writes need `admin`, as does ANY route the
+table does not list (fail closed).
 
 Answers: 401 `unauthorized` with `WWW-Authenticate: Bearer` without valid credentials; 403
 `forbidden` naming the scope needed and the one held; 429 `rate_limited` with `Retry-After`
@@ -113,6 +114,8 @@ ROUTE_TABLE: tuple[Rule, ...] = (
     _rule(DELETE, "/api/agents/{agent_id}", OPERATE),
     _rule(POST, "/api/agents/{agent_id}/{action}", OPERATE),
     _rule(POST, "/api/decisions/{decision_id}", OPERATE),
+    # operate: the MCP server (api/mcp_server.py), every method: its tools spawn and drive agents
+    _rule(None, "/mcp", OPERATE),
     # admin: workspaces, their provider config and permission policy
     _rule(POST, "/api/workspaces", ADMIN),
     _rule(DELETE, "/api/workspaces/{name}", ADMIN),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from fastapi import Request
@@ -50,6 +50,8 @@ class ApiState:
         self.hub = StreamHub(settings, runtime.metrics)
         metrics_fleet.install(runtime.metrics, runtime)  # the fleet's gauges, read at scrape
         self.background: set[asyncio.Task[Any]] = set()
+        # Called by shutdown(), in order: services mounted in the app (the MCP endpoint).
+        self.closers: list[Callable[[], Awaitable[None]]] = []
 
     @property
     def manager(self) -> FleetManager:
@@ -85,8 +87,14 @@ class ApiState:
         task.add_done_callback(done)
 
     async def shutdown(self) -> None:
-        """End SSE streams and cancel background work (the HTTP server is draining)."""
+        """End SSE streams, stop mounted services and cancel background work (the HTTP
+        server is draining)."""
         self.hub.close_all()
+        for close in self.closers:
+            try:
+                await close()
+            except Exception:
+                log.exception("closing %r failed", close)
         tasks = list(self.background)
         for t in tasks:
             t.cancel()
