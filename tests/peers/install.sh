@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Install the third-party ACP peers the test suite drives (acp.md §14). Idempotent: a second
-# run with nothing changed does no network I/O. Used by .ci/run and ./run test.
+# Install the third-party peers the test suite drives: ACP agents (acp.md §14) and the MCP
+# inspector CLI (tests/api/test_mcp.py). Idempotent: a second run with nothing changed does no
+# network I/O. Used by .ci/run and ./run test.
 #
-#   1. the TypeScript SDK's example agent: `npm ci` of package-lock.json
-#      (@agentclientprotocol/sdk@1.9.0) -> node_modules/@agentclientprotocol/sdk/dist/examples/agent.js
+#   1. `npm ci` of package-lock.json (versions pinned exactly in package.json):
+#      - the TypeScript SDK's example agent (@agentclientprotocol/sdk@1.9.0)
+#        -> node_modules/@agentclientprotocol/sdk/dist/examples/agent.js
+#      - the MCP inspector CLI (@modelcontextprotocol/inspector-cli@1.0.3)
+#        -> node_modules/@modelcontextprotocol/inspector-cli/build/cli.js
 #   2. the Python SDK's example agents (only in the sdist): agent-client-protocol==0.12.1,
 #      verified by sha256, examples extracted to python/examples/ (echo_agent.py, agent.py, ...)
 #
@@ -15,15 +19,16 @@ ACP_PY_VERSION="0.12.1"
 ACP_PY_SDIST="agent_client_protocol-${ACP_PY_VERSION}.tar.gz"
 ACP_PY_SHA256="9963ccb590ed96d7dc542c9c023e90676fc76b1c6562e21a9ee112f4fbcb0095"
 
-# --- 1. TypeScript example agent --------------------------------------------------------------
+# --- 1. npm peers: TypeScript example agent, MCP inspector CLI ---------------------------------
 lock_sum="$(sha256sum package-lock.json | cut -d' ' -f1)"
 stamp="node_modules/.prospero-lock-sha256"
 if [ -f node_modules/@agentclientprotocol/sdk/dist/examples/agent.js ] \
+  && [ -f node_modules/@modelcontextprotocol/inspector-cli/build/cli.js ] \
   && [ "$(cat "$stamp" 2>/dev/null)" = "$lock_sum" ]; then
-  echo "peers: @agentclientprotocol/sdk already installed"
+  echo "peers: npm peers already installed"
 else
   command -v npm >/dev/null 2>&1 || { echo "peers: npm not found (need node >= 20 and npm)" >&2; exit 1; }
-  echo "peers: npm ci (@agentclientprotocol/sdk@1.9.0)"
+  echo "peers: npm ci (@agentclientprotocol/sdk@1.9.0, @modelcontextprotocol/inspector-cli@1.0.3)"
   npm ci --no-audit --no-fund --loglevel=error
   echo "$lock_sum" >"$stamp"
 fi

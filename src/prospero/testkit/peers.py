@@ -1,7 +1,8 @@
-"""Command lines for the real third-party ACP peers the tests drive (acp.md §14).
+"""Command lines for the real third-party peers the tests drive: ACP agents (acp.md §14) and
+the MCP inspector CLI (the MCP server at /mcp, issue 15).
 
-They are installed by `tests/peers/install.sh` (npm ci of the pinned TypeScript SDK, and the
-Python SDK's sdist examples). When one is missing these functions raise `PeerNotInstalled`
+They are installed by `tests/peers/install.sh` (npm ci of the pinned TypeScript SDK and
+inspector CLI, and the Python SDK's sdist examples). When one is missing these functions raise `PeerNotInstalled`
 with the command to run: a missing peer is a test failure, never a silent skip.
 
 `PROSPERO_PEERS_DIR` overrides where the peers live (default: `<repo>/tests/peers`).
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 TS_SDK_VERSION = "1.9.0"
+MCP_INSPECTOR_CLI_VERSION = "1.0.3"
 PY_SDK_VERSION = "0.12.1"
 
 
@@ -83,3 +85,26 @@ def python_echo_agent_command() -> list[str]:
 def python_example_agent_command() -> list[str]:
     """The Python SDK's `examples/agent.py`: "Client sent:" then each prompt block."""
     return _python_example("agent.py")
+
+
+def mcp_inspector_cli_dir() -> Path:
+    """Where the MCP inspector CLI must run: its own `build/` directory. Its `index.js` picks the
+    package.json for its client identity with `fs.existsSync("../package.json")` (relative to
+    the working directory) but imports it relative to the module, so from a directory whose
+    parent has no package.json it looks for `node_modules/@modelcontextprotocol/package.json`
+    and exits 1 (1.0.3)."""
+    return peers_dir() / "node_modules" / "@modelcontextprotocol" / "inspector-cli" / "build"
+
+
+def mcp_inspector_cli_command() -> list[str]:
+    """The MCP inspector CLI (`@modelcontextprotocol/inspector-cli@1.0.3`, the `mcp-inspector-cli`
+    bin): `--cli URL --transport http --method tools/list|tools/call ...` prints the JSON
+    result on stdout (its deprecation banner goes to stderr). Run it in
+    `mcp_inspector_cli_dir()`."""
+    node = shutil.which("node")
+    if node is None:
+        raise PeerNotInstalled("node (>= 20) is not on PATH; the MCP inspector CLI needs it")
+    path = mcp_inspector_cli_dir() / "cli.js"
+    if not path.is_file():
+        raise _missing(f"the MCP inspector CLI ({path})")
+    return [node, str(path)]
