@@ -80,7 +80,7 @@ STEPS: list[Step] = [
     );
     """,
     # Runs stopped at their budget, counted on their own.
-    "ALTER TABLE usage_daily ADD COLUMN budget_exceeded bigint NOT NULL DEFAULT 0",
+    "ALTER TABLE usage_daily ADD COLUMN IF NOT EXISTS budget_exceeded bigint NOT NULL DEFAULT 0",
 ]
 
 # The doorbell of every append (`core/bus/postgres.py`): NOTIFY on this channel with the

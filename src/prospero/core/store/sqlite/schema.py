@@ -127,9 +127,11 @@ def init_schema(conn: sqlite3.Connection) -> None:
                 f"database schema version {version} is newer than this build ({SCHEMA_VERSION})"
             )
         if 0 < version < 4:  # version 4: runs stopped at their budget, counted on their own
-            conn.execute(
-                "ALTER TABLE usage_daily ADD COLUMN budget_exceeded INTEGER NOT NULL DEFAULT 0"
-            )
+            cols = {r[1] for r in conn.execute("PRAGMA table_info(usage_daily)")}
+            if cols and "budget_exceeded" not in cols:
+                conn.execute(
+                    "ALTER TABLE usage_daily ADD COLUMN budget_exceeded INTEGER NOT NULL DEFAULT 0"
+                )
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
