@@ -218,6 +218,23 @@ class AgentOperations(FleetState):
         # for it, so that history is committed before the caller hears "removed".
         await self.emitter.flush()
 
+    async def _refresh_meta(self, agent_id: str) -> None:
+        """An agent first listed here before the replica that spawned it had stored its
+        metadata (clustered) has none in its slot: read it again before deciding whether the
+        agent can be steered, or an ACP agent another replica drives reads "not spawned by this
+        control plane" instead of being relayed to its owner."""
+        slot = self._slots.get(agent_id)
+        if slot is None or slot.meta is not None:
+            return
+        try:
+            meta = await self.agents.get_meta(agent_id)
+        except ProsperoError:
+            return
+        if meta is not None and slot.meta is None:
+            slot.meta = meta
+            if slot.target is not None:
+                slot.target.meta = meta
+
     def _steerable(self, op: str, agent_id: str) -> tuple[RegisteredWorkspace, AgentSlot]:
         ws, slot = self._slot(agent_id)
         rec = slot.record
@@ -255,6 +272,7 @@ class AgentOperations(FleetState):
         await self.routing.call(owner, agent_id, op, dict(args))
 
     async def send_input(self, agent_id: str, text: str, *, local: bool = False) -> None:
+        await self._refresh_meta(agent_id)
         ws, slot = self._steerable("send input to", agent_id)
         if not local and (owner := await self._owner_elsewhere(slot, agent_id, "send input to")):
             await self._relay(owner, agent_id, "send_input", text=text)
@@ -262,6 +280,7 @@ class AgentOperations(FleetState):
         await self._driver_for(ws, slot).send_input(text)
 
     async def end_input(self, agent_id: str, *, local: bool = False) -> None:
+        await self._refresh_meta(agent_id)
         ws, slot = self._steerable("end input of", agent_id)
         if not local and (owner := await self._owner_elsewhere(slot, agent_id, "end input of")):
             await self._relay(owner, agent_id, "end_input")
@@ -269,6 +288,7 @@ class AgentOperations(FleetState):
         await self._driver_for(ws, slot).end_input()
 
     async def cancel_turn(self, agent_id: str, *, local: bool = False) -> None:
+        await self._refresh_meta(agent_id)
         ws, slot = self._slot(agent_id)
         assert slot.record is not None
         status = effective_status(slot.record, slot.meta)

@@ -345,6 +345,13 @@ class Polling(FleetState):
                 self.agents.get_meta(agent_id),
                 self.store.replay(stream_key_for(name, agent_id), 0, 1, kinds=ANNOUNCING_KINDS),
             )
+            slot = self._slots.get(agent_id)
+            if meta is not None and slot is not None and slot.meta is None:
+                # First listed here before its spawning replica stored this: without it an
+                # ACP agent would never read as drivable here (no takeover, no relay).
+                slot.meta = meta
+                if slot.target is not None:
+                    slot.target.meta = meta
             return (meta is not None and meta.spawned_here) or bool(rows)
 
         seen = await asyncio.gather(*(announced(a) for a in pending))
