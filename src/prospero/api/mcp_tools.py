@@ -34,8 +34,8 @@ from prospero.core.decisions import decided_by_name
 from prospero.core.errors import AgentNotFound, Conflict, ProsperoError
 from prospero.core.subscription import RawPage, follow_stream
 from prospero.types.api import RespawnedResponse, SpawnRequest
-from prospero.types.decisions import Decision, DecisionState, option_for
-from prospero.types.events import AgentFinished, DecisionOption, FleetEvent, run_result
+from prospero.types.decisions import Decision, DecisionState, answer_option
+from prospero.types.events import AgentFinished, FleetEvent, run_result
 from prospero.types.mcp import (
     EVENTS_DEFAULT_LIMIT,
     EVENTS_MAX_LIMIT,
@@ -190,10 +190,8 @@ def pick_option(decision: Decision, family: str, always: bool, option_id: str | 
             )
         return found.id
     kind = f"{family}_{'always' if always else 'once'}"
-    chosen: DecisionOption | None = option_for(decision.options, family, prefer=kind)
-    if chosen is not None and (
-        chosen.kind == kind or (not always and not chosen.kind.endswith("_always"))
-    ):
+    chosen = answer_option(decision.options, family, always)
+    if chosen is not None:
         return chosen.id
     hint = "" if always else f"; always=true picks {family}_always"
     raise ToolError(

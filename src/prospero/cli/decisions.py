@@ -46,7 +46,7 @@ from prospero.cli.params import (
     renamed,
 )
 from prospero.cli.render_events import FollowRenderer, parse_event
-from prospero.types.decisions import Decision, WorkspacePolicy, option_for
+from prospero.types.decisions import Decision, WorkspacePolicy, answer_option
 from prospero.types.events import DecisionOption
 
 PANEL = "Decisions"
@@ -179,10 +179,8 @@ def _pick_option(
             )
         return found
     kind = f"{family}_{'always' if always else 'once'}"
-    chosen = option_for(decision.options, family, prefer=kind)
-    if chosen is not None and (
-        chosen.kind == kind or (not always and not chosen.kind.endswith("_always"))
-    ):
+    chosen = answer_option(decision.options, family, always)
+    if chosen is not None:
         return chosen
     hint = "" if always else f"; --always picks {family}_always"
     raise CliError(

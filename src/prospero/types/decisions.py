@@ -91,6 +91,22 @@ def option_for(
     return None
 
 
+def answer_option(
+    options: Sequence[DecisionOption], family: str, always: bool
+) -> DecisionOption | None:
+    """The option an approve (`allow`) or deny (`reject`) answers with when none is named:
+    `option_for`'s pick of `*_once` (`*_always` with `always`); None when only a broader or
+    narrower option is offered (an `*_always` one without `always`, a `*_once` one with it).
+    The CLI and the MCP tools answer by this rule."""
+    kind = f"{family}_{'always' if always else 'once'}"
+    chosen = option_for(options, family, prefer=kind)
+    if chosen is not None and (
+        chosen.kind == kind or (not always and not chosen.kind.endswith("_always"))
+    ):
+        return chosen
+    return None
+
+
 class DecideBody(BaseModel):
     """Body of POST /api/decisions/{id}."""
 
