@@ -16,6 +16,7 @@ from typing import Literal, Protocol
 
 from prospero.core.errors import StoreError
 from prospero.core.leases import LeaseAuthority
+from prospero.core.store.automations import AutomationStore
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
 from prospero.core.store.decisions import DecisionStore
 
@@ -38,6 +39,7 @@ class StoreBackend:
     agents: AgentMetaStore
     decisions: DecisionStore
     leases: LeaseAuthority | None = None  # PostgreSQL: the `leases` table
+    automations: AutomationStore | None = None  # open; closed with the backend
     _closers: list[Closable] = field(default_factory=list, repr=False)
 
     async def close(self) -> None:
@@ -69,6 +71,7 @@ async def open_backend(database_url: str | None, db_path: Path) -> StoreBackend:
 
 async def _open_sqlite(db_path: Path) -> StoreBackend:
     from prospero.core.store.sqlite.agents import SqliteAgentMetaStore
+    from prospero.core.store.sqlite.automations import SqliteAutomationStore
     from prospero.core.store.sqlite.decisions import SqliteDecisionStore
     from prospero.core.store.sqlite.events import SqliteConfigStore, SqliteEventStore
 
@@ -78,8 +81,9 @@ async def _open_sqlite(db_path: Path) -> StoreBackend:
     backend = StoreBackend(
         "sqlite", str(db_path), events, config, agents, SqliteDecisionStore(db_path)
     )
+    automations = backend.automations = SqliteAutomationStore(db_path)
     try:
-        for store in (events, config, agents):
+        for store in (events, config, agents, automations):
             await store.open()
             backend._closers.append(store)
     except BaseException:
@@ -90,6 +94,7 @@ async def _open_sqlite(db_path: Path) -> StoreBackend:
 
 async def _open_postgres(url: str) -> StoreBackend:
     from prospero.core.store.postgres.agents import PostgresAgentMetaStore
+    from prospero.core.store.postgres.automations import PostgresAutomationStore
     from prospero.core.store.postgres.config import PostgresConfigStore
     from prospero.core.store.postgres.db import PgDb
     from prospero.core.store.postgres.decisions import PostgresDecisionStore
@@ -104,10 +109,11 @@ async def _open_postgres(url: str) -> StoreBackend:
     backend = StoreBackend(
         "postgres", db.where, events, config, agents, PostgresDecisionStore(db), leases
     )
+    automations = backend.automations = PostgresAutomationStore(db)
     try:
         await db.open()
         backend._closers.append(db)
-        for store in (leases, events, config, agents):
+        for store in (leases, events, config, agents, automations):
             await store.open()
             backend._closers.append(store)
     except BaseException:
