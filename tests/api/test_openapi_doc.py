@@ -19,9 +19,11 @@ from tests.api.conftest import Stack, envelope
 
 METHODS = ("get", "put", "post", "delete", "patch")
 CAMEL = re.compile(r"^[a-z][a-z]*(?:[A-Z][a-z]+)*$")
-OPEN = {("get", "/healthz"), ("get", "/readyz")} | {
-    (m, "/api/session") for m in ("get", "post", "delete")
-}
+OPEN = (
+    {("get", "/healthz"), ("get", "/readyz")}
+    | {(m, "/api/session") for m in ("get", "post", "delete")}
+    | {("post", "/api/automations/{ref}/trigger")}  # its HMAC signature is the credential
+)
 
 
 class _Offline:
@@ -122,6 +124,14 @@ def test_every_error_is_the_envelope(doc: dict[str, Any]) -> None:
             assert {"$ref": "#/components/schemas/ErrorEnvelope"} in refs, (method, path, code)
 
 
+# automations: a create answers its secret once (201); a fire answers its run (202)
+WITH_BODIES = {
+    ("post", "/api/automations"): "/AutomationCreated",
+    ("post", "/api/automations/{ref}/run"): "/AutomationRun",
+    ("post", "/api/automations/{ref}/trigger"): "/AutomationRun",
+}
+
+
 def test_bodies_and_media_types(doc: dict[str, Any]) -> None:
     # a k8s workspace write answers 202 with the Workspace CR's phase (WorkspaceAccepted)
     k8s_accepted = {("post", "/api/workspaces"), ("put", "/api/workspaces/{name}/config")}
@@ -133,6 +143,9 @@ def test_bodies_and_media_types(doc: dict[str, Any]) -> None:
             elif code == "201" and (method, path) == ("post", "/api/workspaces"):
                 schema = resp["content"]["application/json"]["schema"]
                 assert schema["$ref"].endswith("/WorkspaceSummary"), (method, path)
+            elif (method, path) in WITH_BODIES and code in ("201", "202"):
+                schema = resp["content"]["application/json"]["schema"]
+                assert schema["$ref"].endswith(WITH_BODIES[(method, path)]), (method, path)
             elif code in ("201", "202", "204") and path != "/api/workspaces/{workspace}/agents":
                 assert "content" not in resp, (method, path, code)
     paths = doc["paths"]

@@ -75,6 +75,17 @@ EXPECTED: dict[tuple[str, str], Scope | None] = {
     ("PATCH", "/api/workspaces/{name}/config"): ADMIN,
     ("PUT", "/api/workspaces/{workspace}/policy"): ADMIN,
     ("PATCH", "/api/workspaces/{workspace}/policy"): ADMIN,
+    ("GET", "/api/automations"): READ,
+    ("GET", "/api/automations/{ref}"): READ,
+    ("GET", "/api/automations/{ref}/runs"): READ,
+    ("POST", "/api/automations/{ref}/trigger"): OPEN,
+    ("POST", "/api/automations/{ref}/enable"): OPERATE,
+    ("POST", "/api/automations/{ref}/disable"): OPERATE,
+    ("POST", "/api/automations/{ref}/run"): OPERATE,
+    ("POST", "/api/automations"): ADMIN,
+    ("PATCH", "/api/automations/{ref}"): ADMIN,
+    ("DELETE", "/api/automations/{ref}"): ADMIN,
+    ("POST", "/api/automations/{ref}/rotate-secret"): ADMIN,
 }
 
 

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 import prospero
 from prospero.api import (
     routes_agents,
+    routes_automations,
     routes_cluster,
     routes_dashboard,
     routes_decisions,
@@ -103,6 +104,7 @@ def create_app(runtime: AppRuntime, settings: ApiSettings | None = None) -> Fast
     app.include_router(routes_decisions.router)
     app.include_router(routes_session.router)
     app.include_router(routes_cluster.router)
+    app.include_router(routes_automations.router)
     install_mcp(app, state)  # /mcp: the MCP server (streamable HTTP), behind the same layers
     routes_dashboard.install_routes(app)
     install_docs(app)

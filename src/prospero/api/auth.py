@@ -17,7 +17,9 @@ probes, the dashboard's assets, `/api/session` and the API docs are open; GET/HE
 `/api/` and `/metrics` need `read`; spawn, agent operations (`DELETE /api/agents/{id}`,
 `POST /api/agents/{id}/...`), decision resolution and the MCP server (`/mcp`, any method) need
 `operate`; workspace add/delete/config and policy writes need `admin`, as does ANY route the
-table does not list (fail closed).
+table does not list (fail closed). Automations: enable/disable/run-now `operate`, create,
+change, delete and secret rotation `admin`; the webhook trigger is open (its HMAC signature
+is the credential, docs/automations.md).
 
 Answers: 401 `unauthorized` with `WWW-Authenticate: Bearer` without valid credentials; 403
 `forbidden` naming the scope needed and the one held; 429 `rate_limited` with `Retry-After`
@@ -116,6 +118,16 @@ ROUTE_TABLE: tuple[Rule, ...] = (
     _rule(POST, "/api/decisions/{decision_id}", OPERATE),
     # operate: the MCP server (api/mcp_server.py), every method: its tools spawn and drive agents
     _rule(None, "/mcp", OPERATE),
+    # automations (routes_automations.py): the webhook's HMAC signature is its credential;
+    # enable/disable/run-now are running things; creating and changing them is configuring
+    _rule(POST, "/api/automations/{ref}/trigger", OPEN),
+    _rule(POST, "/api/automations/{ref}/enable", OPERATE),
+    _rule(POST, "/api/automations/{ref}/disable", OPERATE),
+    _rule(POST, "/api/automations/{ref}/run", OPERATE),
+    _rule(POST, "/api/automations", ADMIN),
+    _rule(PATCH, "/api/automations/{ref}", ADMIN),
+    _rule(DELETE, "/api/automations/{ref}", ADMIN),
+    _rule(POST, "/api/automations/{ref}/rotate-secret", ADMIN),
     # admin: workspaces, their provider config and permission policy
     _rule(POST, "/api/workspaces", ADMIN),
     _rule(DELETE, "/api/workspaces/{name}", ADMIN),

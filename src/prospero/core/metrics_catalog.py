@@ -141,6 +141,19 @@ SPECS: dict[str, MetricSpec] = {
     "decision_webhook_failures": _c("Decision webhooks given up on."),
     "decision_webhook_dropped": _c("Decision webhooks dropped (queue full)."),
     "relay_calls_sent": _c("Steering and answers relayed to the replica that drives the agent."),
+    # -- automations (docs/automations.md) ---------------------------------------------------
+    "automation_fires": _c(
+        "Automation runs fired, by trigger (schedule, webhook, manual).", "trigger"
+    ),
+    "automation_fire_failures": _c(
+        "Automation runs whose spawn was refused (the run is failed with the error), by trigger.",
+        "trigger",
+    ),
+    "automation_webhook_rejections": _c(
+        "Automation webhook calls refused, by reason (missing, malformed, forged, stale, "
+        "replayed, disabled, not_found, invalid_config).",
+        "reason",
+    ),
     # -- HTTP API ----------------------------------------------------------------------------
     "api_requests": _c(
         "HTTP requests served, by method and status code (0: no response was started).",

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prospero.core.aio import wait_for
+from prospero.core.automations import AutomationService, Scheduler
 from prospero.core.bus import InProcessBus
 from prospero.core.bus.postgres import PgBus
 from prospero.core.cluster import ClusterInfo, default_replica_id, replica_key
@@ -126,6 +127,10 @@ class DaemonConfig:
     # Host allowlist beyond loopback (api/guard.py) and the origin browsers reach us at.
     allowed_hosts: list[str] = field(default_factory=list)
     public_url: str | None = None
+    # Automations (docs/automations.md): seconds between scheduler passes; the webhook replay
+    # window (signatures seen are refused, timestamps further off are stale).
+    automation_interval: float = 2.0
+    automation_replay_window: float = 300.0
 
     @property
     def db_path(self) -> Path:
@@ -156,6 +161,8 @@ class Runtime:
         self.presence: LeaseKeeper | None = None  # clustered: this process's `replica:<id>`
         self.relay: PgRelay | None = None  # clustered: calls to the replica driving an agent
         self._warming: asyncio.Future[Any] | None = None
+        self.automations: AutomationService | None = None
+        self.scheduler: Scheduler | None = None
 
     async def start(self) -> None:
         cfg = self.config
@@ -277,6 +284,23 @@ class Runtime:
         await self.manager.start()
         if self.relay is not None:
             await self.relay.start(RelayHandler(self.manager, self.decisions))
+        if backend.automations is not None:
+            # After the manager (it spawns through it); clustered, one replica fires a tick.
+            self.automations = AutomationService(
+                backend.automations,
+                self.manager,
+                self.metrics,
+                replay_window=cfg.automation_replay_window,
+            )
+            self.scheduler = Scheduler(
+                self.automations,
+                interval=cfg.automation_interval,
+                leases=backend.leases if self.ownership is not None else None,
+                owner=self.cluster.replica_id,
+                ttl=cfg.lease_ttl,
+                heartbeat=self.cluster.heartbeat if self.ownership is not None else None,
+            )
+            self.scheduler.start()
         if cfg.retention_days > 0:
             self._retention = RetentionTask(self.store, cfg.retention_days, metrics=self.metrics)
             self._retention.start()
@@ -367,6 +391,10 @@ class Runtime:
             # Calls relayed here from now on go unanswered (their callers withdraw them).
             with contextlib.suppress(Exception):
                 await wait_for(self.relay.close(), 5.0)
+        if self.scheduler is not None:
+            # Before the manager: no fire spawns into a stopping fleet.
+            with contextlib.suppress(Exception):
+                await wait_for(self.scheduler.stop(), 10.0)
         if self.decisions is not None:
             # Asks abandoned by the stopping drivers stay pending for the next prosperod.
             self.decisions.begin_shutdown()
