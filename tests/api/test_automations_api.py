@@ -189,7 +189,7 @@ async def test_disabled_fires_nothing_and_run_now(stack: Stack) -> None:
     run = r.json()
     assert run["trigger"] == "manual" and run["state"] == "spawned"
     assert prompt_of(stack, run["agent_id"]) == "Triage  (#) via manual for triage"
-    assert [h["id"] for h in await runs(stack, "triage")][0] == run["id"]
+    assert (await runs(stack, "triage"))[0]["id"] == run["id"]
 
 
 async def test_schedule_fires_once_per_tick_on_a_driven_clock(stack: Stack) -> None:
@@ -198,8 +198,7 @@ async def test_schedule_fires_once_per_tick_on_a_driven_clock(stack: Stack) -> N
     assert sched is not None
     clock = [datetime(2099, 1, 1, 10, 3, tzinfo=UTC)]
     sched.clock = lambda: clock[0]
-    # latest tick 10:00 is before armed_at? No: armed_at is now (2026), so 10:00 in 2099 is due:
-    # the one catch-up.
+    # the latest tick (10:00) is after armed_at (the creation, today): it fires
     first = await sched.run_once()
     assert [r["tick"] for r in [f.model_dump() for f in first]] == ["2099-01-01T10:00+00:00"]
     assert await sched.run_once() == []  # same tick: nothing
