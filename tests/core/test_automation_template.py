@@ -91,7 +91,7 @@ def test_payload_paths_substitute_verbatim(parts: list[tuple[str, list[str]]]) -
     """Any payload value lands as is (never re-parsed) and a missing path renders empty."""
     text = "".join(f"{lit}{{{{payload.{'.'.join(path)}}}}}" for lit, path in parts)
     payload: dict[str, Any] = {}
-    for i, (lit, path) in enumerate(parts):
+    for i, (_lit, path) in enumerate(parts):
         node = payload
         for seg in path[:-1]:
             nxt = node.get(seg)
