@@ -15,6 +15,7 @@ import orjson
 
 from prospero.core.automations.signing import sign
 from tests.api.conftest import Stack, StackFactory, envelope
+from tests.support import wait_until
 
 
 def body(name: str = "triage", **kw: Any) -> dict[str, Any]:
@@ -49,6 +50,18 @@ async def runs(stack: Stack, ref: str) -> list[dict[str, Any]]:
     r = await stack.client.get(f"/api/automations/{ref}/runs")
     assert r.status_code == 200, r.text
     return list(r.json())
+
+
+PAST = datetime(2000, 1, 1, tzinfo=UTC)  # before any automation's armed_at: nothing is due
+
+
+async def driven(make_stack: StackFactory) -> Stack:
+    """A stack whose scheduler runs only when a test calls `run_once` (its loop waits an
+    hour between passes) on a clock the test sets (first: PAST, so no real tick fires)."""
+    stack = await make_stack(automation_interval=3600.0)
+    assert stack.runtime.scheduler is not None
+    stack.runtime.scheduler.clock = lambda: PAST
+    return stack
 
 
 def prompt_of(stack: Stack, agent_id: str) -> str:
@@ -165,7 +178,8 @@ async def test_bad_signatures_fire_nothing(stack: Stack) -> None:
     assert prompt_of(stack, ok.json()["agent_id"]) == "Triage  (#) via webhook for triage"
 
 
-async def test_disabled_fires_nothing_and_run_now(stack: Stack) -> None:
+async def test_disabled_fires_nothing_and_run_now(make_stack: StackFactory) -> None:
+    stack = await driven(make_stack)
     created = await create(stack, webhook=True, schedule="* * * * *")
     secret = created["secret"]
     r = await stack.client.post("/api/automations/triage/disable")
@@ -192,7 +206,8 @@ async def test_disabled_fires_nothing_and_run_now(stack: Stack) -> None:
     assert (await runs(stack, "triage"))[0]["id"] == run["id"]
 
 
-async def test_schedule_fires_once_per_tick_on_a_driven_clock(stack: Stack) -> None:
+async def test_schedule_fires_once_per_tick_on_a_driven_clock(make_stack: StackFactory) -> None:
+    stack = await driven(make_stack)
     await create(stack, schedule="*/5 * * * *", spawn={"prompt": "tick at {{now}}"})
     sched = stack.runtime.scheduler
     assert sched is not None
@@ -208,7 +223,9 @@ async def test_schedule_fires_once_per_tick_on_a_driven_clock(stack: Stack) -> N
     clock[0] = datetime(2099, 1, 1, 12, 7, tzinfo=UTC)
     later = await sched.run_once()
     assert [r.tick for r in later] == ["2099-01-01T12:05+00:00"]
+    passes = sched.passes
     sched.nudge()  # the loop's own pass on the same clock claims nothing more
+    await wait_until(lambda: sched.passes > passes, 10.0, what="a loop pass")
     hist = await runs(stack, "triage")
     assert [h["tick"] for h in hist] == ["2099-01-01T12:05+00:00", "2099-01-01T10:00+00:00"]
     assert all(h["state"] == "spawned" and h["trigger"] == "schedule" for h in hist)
@@ -218,7 +235,8 @@ async def test_schedule_fires_once_per_tick_on_a_driven_clock(stack: Stack) -> N
     assert auto["last_fired"].startswith("2099-01-01T12:07")
 
 
-async def test_a_refused_spawn_is_a_failed_run(stack: Stack) -> None:
+async def test_a_refused_spawn_is_a_failed_run(make_stack: StackFactory) -> None:
+    stack = await driven(make_stack)
     # ACP is not allowed on this daemon: the fire is a failed run with the error, not a crash
     await create(stack, spawn={"drive_protocol": "acp"})
     r = await stack.client.post("/api/automations/triage/run")
