@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "cluster",
     "workspaces",  # workspace add | list | config | rm
     "decisions",  # decisions, approve, deny, policy show | set
+    "automations",  # automation create | list | show | enable | disable | delete | run | ...
     "contexts",  # context add | use | ls | current | rm
     "tokens",  # token new | list
     "demo",
