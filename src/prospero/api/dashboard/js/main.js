@@ -7,6 +7,7 @@ import * as state from "./state.js";
 import { banner, clearBanners, tokenDialog } from "./ui.js";
 import * as agentView from "./views/agent.js";
 import * as approvalsView from "./views/approvals.js";
+import * as automationsView from "./views/automations.js";
 import * as fleetView from "./views/fleet.js";
 import * as spawnView from "./views/spawn.js";
 import * as usageView from "./views/usage.js";
@@ -17,6 +18,7 @@ const ROUTES = [
   { re: /^\/agents\/([^/]+)$/, view: agentView, nav: "fleet" },
   { re: /^\/approvals$/, view: approvalsView, nav: "approvals" },
   { re: /^\/usage$/, view: usageView, nav: "usage" },
+  { re: /^\/automations$/, view: automationsView, nav: "automations" },
   { re: /^\/spawn$/, view: spawnView, nav: "fleet" },
   { re: /^\/workspaces\/([^/]+)$/, view: workspaceView, nav: "fleet" },
 ];
