@@ -6,13 +6,17 @@ fires nothing; refused spawns are failed runs; bad input is a clear 400/409."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
+from prospero.core.aio import wait_for
 from prospero.core.automations.signing import sign
 from tests.api.conftest import Stack, StackFactory, envelope
 from tests.support import wait_until
@@ -296,3 +300,32 @@ async def test_bad_input_is_a_clear_error(stack: Stack) -> None:
     assert (await c.delete("/api/automations/triage")).status_code == 204
     envelope(await c.get("/api/automations/triage"), 404, "not_found")
     assert (await c.get("/api/automations")).json() == []
+
+
+DOC_TEXT = (Path(__file__).resolve().parents[2] / "docs" / "automations.md").read_text()
+
+
+async def test_the_docs_curl_and_openssl_example_is_accepted(stack: Stack, tmp_path: Path) -> None:
+    """docs/automations.md's shell example, as written there, against the real server."""
+    script = re.search(r"```sh\n(.*?)```", DOC_TEXT, re.S)
+    assert script is not None
+    created = await create(stack, webhook=True)
+    with open(tmp_path / "triage.secret", "w") as f:  # noqa: ASYNC230 (a test's tiny file)
+        f.write(created["secret"])
+    shell = script.group(1).replace("http://127.0.0.1:7878", stack.url)
+    proc = await asyncio.create_subprocess_exec(
+        "bash",
+        "-euo",
+        "pipefail",
+        "-c",
+        shell,
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    answers = [orjson.loads(line) for line in out.decode().replace("}{", "}\n{").splitlines()]
+    assert [a["state"] for a in answers] == ["spawned", "spawned"], answers
+    for a in answers:
+        assert prompt_of(stack, a["agent_id"]).startswith("Triage Crash on boot (#42)")
