@@ -259,6 +259,31 @@ def test_workspace_config_changes_only_the_fields_given(
     assert cli("workspace", "rm", "patchy").exit_code == 0
 
 
+def test_workspace_daily_budget_is_set_shown_and_cleared(
+    cli: Cli, live: LiveStack, tmp_path: Path
+) -> None:
+    root = git_repo(tmp_path / "capped")
+    assert cli("workspace", "add", "capped", str(root)).exit_code == 0
+    res = cli(
+        "workspace", "config", "capped", "--daily-budget-usd", "2.5",
+        "--daily-budget-tokens", "100000",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert config_of(live, "capped") == {"daily_budget_usd": 2.5, "daily_budget_tokens": 100000}
+    res = cli("describe", "workspace", "capped")
+    assert res.exit_code == 0, res.output
+    assert "$2.5 or 100,000 tokens per UTC day" in " ".join(res.stdout.split()), res.stdout
+    for bad in (("--daily-budget-usd", "0"), ("--daily-budget-tokens", "0")):
+        res = cli("workspace", "config", "capped", *bad)
+        assert res.exit_code == 2, (bad, res.output)
+        no_traceback(res)
+    assert config_of(live, "capped") == {"daily_budget_usd": 2.5, "daily_budget_tokens": 100000}
+    res = cli("workspace", "config", "capped", "--clear-daily-budget")
+    assert res.exit_code == 0, res.output
+    assert config_of(live, "capped") == {}
+    assert cli("workspace", "rm", "capped").exit_code == 0
+
+
 # ---------------------------------------------------------------------------- provider keys
 
 NO_KEY = "PROSPERO_TEST_KEY_NOT_SET"

@@ -33,6 +33,7 @@ KIND_STATUS: dict[str, int] = {
     "not_found": 404,
     "invalid_state": 409,
     "conflict": 409,
+    "budget_exceeded": 409,
     "provider_misconfigured": 400,
     "invalid_config": 400,
     "unreachable": 503,

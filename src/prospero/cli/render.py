@@ -384,6 +384,13 @@ def describe_workspace(
         pairs.append(("API key from", f"${cfg.api_key_from_env} (prosperod's environment)"))
     if cfg.env:
         pairs.append(("Env", ", ".join(f"{k}={v}" for k, v in sorted(cfg.env.items()))))
+    caps = []
+    if cfg.daily_budget_usd is not None:
+        caps.append(f"${cfg.daily_budget_usd:g}")
+    if cfg.daily_budget_tokens is not None:
+        caps.append(f"{cfg.daily_budget_tokens:,} tokens")
+    if caps:
+        pairs.append(("Daily budget", " or ".join(caps) + " per UTC day"))
     pairs += [("Warning", Text(w, style="yellow")) for w in ws.warnings]
     if ws.status is None:  # the local backend (k8s: each pod's caliband)
         pairs.append(("Caliband", caliband_text(ws)))

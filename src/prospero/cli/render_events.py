@@ -194,11 +194,14 @@ class FollowRenderer:
             def amount(v: float) -> str:
                 return f"${v:.4f}" if k.limit == "usd" else f"{int(v):,} tokens"
 
+            whose = " (the workspace's daily cap)" if k.scope == "workspace_day" else ""
             if isinstance(k, ev.BudgetWarning):
-                text = f"[budget] {amount(k.spent)} of {amount(k.cap)} spent"
+                text = f"[budget] {amount(k.spent)} of {amount(k.cap)} spent{whose}"
                 self.line(Text(text, style="yellow"))
             else:
-                text = f"[budget exceeded] {amount(k.spent)} of a {amount(k.cap)} cap: stopped"
+                text = (
+                    f"[budget exceeded] {amount(k.spent)} of a {amount(k.cap)} cap{whose}: stopped"
+                )
                 self.line(Text(text, style="bold red"))
         elif isinstance(k, ev.FramesSkipped):
             reason = k.reason or "unreadable"

@@ -376,6 +376,30 @@ def workspace_config(
             rich_help_panel=CLEAR,
         ),
     ] = False,
+    daily_budget_usd: Annotated[
+        float | None,
+        typer.Option(
+            "--daily-budget-usd",
+            min=0.000001,
+            help="Cap on what the workspace's agents spend per UTC day, in dollars.",
+        ),
+    ] = None,
+    daily_budget_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--daily-budget-tokens",
+            min=1,
+            help="Cap on the tokens (input + output) its agents use per UTC day.",
+        ),
+    ] = None,
+    clear_daily_budget: Annotated[
+        bool,
+        typer.Option(
+            "--clear-daily-budget",
+            help="Remove both daily caps (with one of --daily-budget-*: the other one).",
+            rich_help_panel=CLEAR,
+        ),
+    ] = False,
     config_file: Annotated[
         Path | None,
         typer.Option(
@@ -430,6 +454,12 @@ def workspace_config(
             patch[key] = value
     if clear_caliband:
         patch["caliband"] = None
+    if clear_daily_budget:
+        patch["daily_budget_usd"] = patch["daily_budget_tokens"] = None
+    if daily_budget_usd is not None:
+        patch["daily_budget_usd"] = daily_budget_usd
+    if daily_budget_tokens is not None:
+        patch["daily_budget_tokens"] = daily_budget_tokens
     if clear_env and not parsed:
         patch["env"] = None
     elif parsed or unset or clear_env:

@@ -93,7 +93,7 @@ class BudgetGuard:
             kind = getattr(ev, "kind", None)
             if isinstance(kind, TurnFinished):
                 self._add(kind)
-            elif isinstance(kind, BudgetWarning):
+            elif isinstance(kind, BudgetWarning) and kind.scope == "agent":
                 self.warned.add(kind.limit)
             elif isinstance(kind, BudgetExceeded):
                 self.exceeded = True

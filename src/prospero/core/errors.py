@@ -36,6 +36,12 @@ class Conflict(ProsperoError):
     kind = "conflict"
 
 
+class BudgetReached(ProsperoError):
+    """A spawn refused because its workspace has spent its daily cap (409)."""
+
+    kind = "budget_exceeded"
+
+
 class ProviderMisconfigured(ProsperoError):
     kind = "provider_misconfigured"
 

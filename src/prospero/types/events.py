@@ -169,6 +169,9 @@ def run_result(outcome: str) -> RunResult:
 
 
 BudgetLimit = Literal["usd", "tokens"]
+# Whose cap: the agent's own (spawned with it), or its workspace's daily cap (config
+# `daily_budget_usd` / `daily_budget_tokens`, per UTC day, all the workspace's agents).
+BudgetScope = Literal["agent", "workspace_day"]
 
 
 class BudgetWarning(_Kind):
@@ -181,6 +184,7 @@ class BudgetWarning(_Kind):
     spent: float = 0.0
     cap: float = 0.0
     threshold: float = 0.8
+    scope: BudgetScope = "agent"
 
 
 class BudgetExceeded(_Kind):
@@ -192,6 +196,7 @@ class BudgetExceeded(_Kind):
     limit: BudgetLimit = "usd"
     spent: float = 0.0
     cap: float = 0.0
+    scope: BudgetScope = "agent"
 
 
 class AgentGone(_Kind):

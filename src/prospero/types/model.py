@@ -123,6 +123,32 @@ class RepoProviderConfig(BaseModel):
             "default, --caliband-addr or the root's caliband over its Unix socket)"
         ),
     )
+    daily_budget_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description=(
+            "a cap on the workspace's spend per UTC day, in dollars (all its agents' priced "
+            "turns): at 80 % a budget_warning, on crossing it the running agents are stopped "
+            "(outcome budget_exceeded) and spawns are refused until the next UTC day"
+        ),
+    )
+    daily_budget_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        le=10**12,
+        description="the same cap in tokens (input + output) per UTC day",
+    )
+
+
+# Fields only Prospero reads (never passed to caliband): changing them does not restart the
+# workspace's caliband.
+PROSPERO_ONLY_FIELDS = frozenset({"daily_budget_usd", "daily_budget_tokens"})
+
+
+def caliband_facing(config: RepoProviderConfig) -> dict[str, object]:
+    """What of `config` reaches the workspace's caliband (a change here restarts it)."""
+    return config.model_dump(exclude=set(PROSPERO_ONLY_FIELDS))
 
 
 class RepoProviderConfigPatch(BaseModel):
@@ -140,6 +166,8 @@ class RepoProviderConfigPatch(BaseModel):
         default=None, json_schema_extra=_patch_env_schema
     )
     caliband: CalibandEndpointConfig | None = None
+    daily_budget_usd: float | None = Field(default=None, gt=0, le=1_000_000)
+    daily_budget_tokens: int | None = Field(default=None, gt=0, le=10**12)
 
     def apply(self, config: RepoProviderConfig) -> RepoProviderConfig:
         """`config` with this patch applied."""

@@ -23,6 +23,7 @@ import logging
 import os
 import time
 
+from prospero.core.budgets_daily import DailyBudgets
 from prospero.core.errors import (
     AgentNotFound,
     Conflict,
@@ -67,6 +68,7 @@ from prospero.types.model import (
     Source,
     Workspace,
     WorkspaceHealth,
+    caliband_facing,
 )
 
 __all__ = ["DriverFactory", "FleetConfig", "FleetManager", "default_driver_factories"]
@@ -122,6 +124,8 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
         self._owns_agents = agents is None
         self.agents: AgentMetaStore = agents if agents is not None else default_meta_store(store)
         self._catchup = CatchUpGate()
+        self.daily_budgets = DailyBudgets(store, emitter.flush)
+        self._daily_stopped: set[str] = set()
         self._workspaces: dict[str, RegisteredWorkspace] = {}
         self._health: dict[str, WorkspaceHealth] = {}
         self._listed: dict[str, dict[str, ListedAgent]] = {}
@@ -375,7 +379,8 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
             new = RegisteredWorkspace(name=name, root=ws.root, config=config)
             await self.config_store.upsert_workspace(new)
             self._workspaces[name] = new
-        await self.provider.restart(new)
+        if caliband_facing(config) != caliband_facing(ws.config):
+            await self.provider.restart(new)
         await self.poll_workspace(name)
 
     async def patch_workspace_config(self, name: str, patch: RepoProviderConfigPatch) -> bool:
@@ -392,7 +397,9 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
             new = RegisteredWorkspace(name=name, root=ws.root, config=config)
             await self.config_store.upsert_workspace(new)
             self._workspaces[name] = new
-        await self.provider.restart(new)
+        # A daily cap is Prospero's own: its caliband (and its running agents) are left alone.
+        if caliband_facing(config) != caliband_facing(ws.config):
+            await self.provider.restart(new)
         await self.poll_workspace(name)
         return True
 

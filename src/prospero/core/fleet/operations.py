@@ -48,6 +48,7 @@ class AgentOperations(FleetState):
                 raise Conflict(f"this build has no '{req.drive_protocol}' driver")
         if self.config.provider_keys_here:
             check_spawnable(ws.config, self.config.default_env, os.environ)
+        await self.daily_budgets.refuse_spawn(ws.name, ws.config)
         posture = req.posture
         if posture is None and self.decisions is not None:
             posture = await self.decisions.default_posture(ws.name)
@@ -186,6 +187,7 @@ class AgentOperations(FleetState):
         rec = slot.record
         assert rec is not None
         old = slot.meta
+        await self.daily_budgets.refuse_spawn(ws.name, ws.config)
         async with self._poll_locks.setdefault(ws.name, asyncio.Lock()):  # as in spawn
             new_id = await self.provider.respawn(ws, agent_id)
             new_slot = self._slots.setdefault(new_id, AgentSlot(workspace=ws.name))

@@ -4,12 +4,12 @@ busy."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from prospero.core.budgets import BudgetGuard
 from prospero.core.drivers.ndjson_state import BASE_SUFFIX
 from prospero.core.fleet.state import EmitterLike
-from prospero.types.events import CompactKind, EventKind
+from prospero.types.events import CompactKind, EventKind, TurnFinished
 
 
 class AgentSink:
@@ -20,7 +20,7 @@ class AgentSink:
     empty when only the cursor moved), committed in the same store transaction as them
     (`Emitter.emit_many`: every emitter of the manager has that batch path, `EmitterLike`)."""
 
-    __slots__ = ("agent_id", "budget", "emitter", "on_activity", "repo")
+    __slots__ = ("after_turn", "agent_id", "budget", "emitter", "on_activity", "repo")
 
     def __init__(
         self,
@@ -29,6 +29,7 @@ class AgentSink:
         agent_id: str,
         on_activity: Callable[[], None] | None = None,
         budget: BudgetGuard | None = None,
+        after_turn: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.emitter = emitter
         self.repo = repo
@@ -36,6 +37,9 @@ class AgentSink:
         # The agent's caps (core/budgets.py): its budget events follow the turn that caused
         # them, in the same stream, and a crossing stops the agent.
         self.budget = budget
+        # Called after the events of a turn's end are handed over (the workspace's daily
+        # cap, core/budgets_daily.py); it returns at once for a workspace without one.
+        self.after_turn = after_turn
         # Told of every event the driver hands over: the workspace is busy (poll it at the
         # configured interval, its agents' status may change any moment).
         self.on_activity = on_activity
@@ -48,6 +52,8 @@ class AgentSink:
         await self.emitter.emit(self.repo, self.agent_id, kind)
         if self.budget is not None:
             await self._budget_events((kind,))
+        if self.after_turn is not None and type(kind) is TurnFinished:
+            await self.after_turn()
 
     async def _budget_ready(self) -> None:
         assert self.budget is not None
@@ -90,3 +96,5 @@ class AgentSink:
             )
         if self.budget is not None and kinds:
             await self._budget_events(kinds)
+        if self.after_turn is not None and any(type(k) is TurnFinished for k in kinds):
+            await self.after_turn()

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from prospero.core.budgets_daily import DailyBudgets
 from prospero.core.drivers.base import (
     AgentDriver,
     DriverExit,
@@ -199,6 +200,9 @@ class FleetState:
     _registry_due: float
     _closing_tasks: set[asyncio.Task[None]]
     _stopping: bool
+    # Workspaces' daily caps (core/budgets_daily.py) and the agents this replica stopped at one.
+    daily_budgets: DailyBudgets
+    _daily_stopped: set[str]
 
     if TYPE_CHECKING:
 

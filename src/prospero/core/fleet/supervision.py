@@ -60,6 +60,7 @@ class DriverSupervision(FleetState):
             agent_id,
             on_activity=lambda: self._touch(workspace),
             budget=BudgetGuard.for_meta(slot.meta, budget_history, exceeded),
+            after_turn=lambda: self._after_turn(workspace, agent_id),
         )
 
         target = DriverTarget(
@@ -81,6 +82,29 @@ class DriverSupervision(FleetState):
         if self.fenced_cursors and isinstance(self.emitter, Emitter):
             cursor_store = EmitterCursors(self.emitter, self.store, ws.name)  # fenced, in order
         return factory(target, sink, self.config.driver_options(), self.metrics, cursor_store)
+
+    async def _after_turn(self, workspace: str, agent_id: str) -> None:
+        """A turn of `agent_id` ended: check its workspace's daily cap (core/budgets_daily.py).
+        Over it, every agent of the workspace this replica drives gets `budget_exceeded` and
+        is stopped (each once)."""
+        ws = self._workspaces.get(workspace)
+        if ws is None:
+            return
+        verdict = await self.daily_budgets.check(workspace, ws.config)
+        if verdict is None:
+            return
+        for warning in verdict.warnings:
+            await self.emitter.emit(workspace, agent_id, warning)
+        if verdict.exceeded is None:
+            return
+        for other, slot in list(self._slots.items()):
+            if slot.workspace != workspace or other in self._daily_stopped:
+                continue
+            if slot.driver is None or slot.driver.finished:
+                continue
+            self._daily_stopped.add(other)
+            await self.emitter.emit(workspace, other, verdict.exceeded)
+            self._spawn_stop(other, verdict.detail)
 
     def _spawn_stop(self, agent_id: str, detail: str) -> None:
         """Stop an agent that crossed its budget, off the driver's own task (the stop closes
