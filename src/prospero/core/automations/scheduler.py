@@ -70,7 +70,9 @@ class Scheduler:
         """Run a pass now (tests that moved the clock)."""
         self._wake.set()
 
-    async def stop(self) -> None:
+    async def stop(self, *, release: bool = True) -> None:
+        """Stop firing; `release`: hand the `automations` lease over now (False: leave it to
+        expire, as a crashed replica does)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -78,7 +80,7 @@ class Scheduler:
                 await task
         if self.keeper is not None:
             with contextlib.suppress(Exception):
-                await self.keeper.close(release=True)
+                await self.keeper.close(release=release)
 
     async def _loop(self) -> None:
         while True:
