@@ -129,6 +129,7 @@ WITH_BODIES = {
     ("post", "/api/automations"): "/AutomationCreated",
     ("post", "/api/automations/{ref}/run"): "/AutomationRun",
     ("post", "/api/automations/{ref}/trigger"): "/AutomationRun",
+    ("post", "/api/notifications/targets"): "/TargetView",
 }
 
 

@@ -86,6 +86,13 @@ EXPECTED: dict[tuple[str, str], Scope | None] = {
     ("PATCH", "/api/automations/{ref}"): ADMIN,
     ("DELETE", "/api/automations/{ref}"): ADMIN,
     ("POST", "/api/automations/{ref}/rotate-secret"): ADMIN,
+    ("GET", "/api/notifications/targets"): READ,
+    ("GET", "/api/notifications/targets/{ref}"): READ,
+    ("GET", "/api/notifications/deliveries"): READ,
+    ("POST", "/api/notifications/targets"): ADMIN,
+    ("PATCH", "/api/notifications/targets/{ref}"): ADMIN,
+    ("DELETE", "/api/notifications/targets/{ref}"): ADMIN,
+    ("POST", "/api/notifications/targets/{ref}/test"): ADMIN,
 }
 
 

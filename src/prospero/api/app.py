@@ -30,6 +30,7 @@ from prospero.api import (
     routes_decisions,
     routes_fleet,
     routes_health,
+    routes_notifications,
     routes_session,
     routes_workspaces,
 )
@@ -105,6 +106,7 @@ def create_app(runtime: AppRuntime, settings: ApiSettings | None = None) -> Fast
     app.include_router(routes_session.router)
     app.include_router(routes_cluster.router)
     app.include_router(routes_automations.router)
+    app.include_router(routes_notifications.router)
     install_mcp(app, state)  # /mcp: the MCP server (streamable HTTP), behind the same layers
     routes_dashboard.install_routes(app)
     install_docs(app)

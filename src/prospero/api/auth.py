@@ -128,6 +128,11 @@ ROUTE_TABLE: tuple[Rule, ...] = (
     _rule(PATCH, "/api/automations/{ref}", ADMIN),
     _rule(DELETE, "/api/automations/{ref}", ADMIN),
     _rule(POST, "/api/automations/{ref}/rotate-secret", ADMIN),
+    # notifications (routes_notifications.py): targets and test messages are configuring
+    _rule(POST, "/api/notifications/targets", ADMIN),
+    _rule(PATCH, "/api/notifications/targets/{ref}", ADMIN),
+    _rule(DELETE, "/api/notifications/targets/{ref}", ADMIN),
+    _rule(POST, "/api/notifications/targets/{ref}/test", ADMIN),
     # admin: workspaces, their provider config and permission policy
     _rule(POST, "/api/workspaces", ADMIN),
     _rule(DELETE, "/api/workspaces/{name}", ADMIN),

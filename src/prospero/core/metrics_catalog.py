@@ -154,6 +154,13 @@ SPECS: dict[str, MetricSpec] = {
         "replayed, disabled, not_found, invalid_config).",
         "reason",
     ),
+    # -- notifications (docs/notifications.md) -----------------------------------------------
+    "notifications_delivered": _c("Notifications delivered (2xx), by event.", "event"),
+    "notifications_failed": _c(
+        "Notifications given up on (a refusal, or retries exhausted), by event.", "event"
+    ),
+    "notification_retries": _c("Notification POSTs retried (network error, 5xx, 408, 429)."),
+    "notification_queue": _g("Notifications claimed and waiting to be sent."),
     # -- HTTP API ----------------------------------------------------------------------------
     "api_requests": _c(
         "HTTP requests served, by method and status code (0: no response was started).",

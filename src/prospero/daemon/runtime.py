@@ -31,6 +31,9 @@ from prospero.core.fleet.provider import FleetProvider, WorkspaceAdmin
 from prospero.core.fleet.state import DriverFactory
 from prospero.core.leases import LeaseKeeper
 from prospero.core.metrics import Metrics
+from prospero.core.notify import Notifier, NotifierConfig
+from prospero.core.notify.sender import RetryPolicy
+from prospero.core.notify.service import NotificationService
 from prospero.core.ownership import LeasedOwnership
 from prospero.core.ratecard import RateCard
 from prospero.core.relay.routing import OwnerRouting, RelayHandler
@@ -131,6 +134,11 @@ class DaemonConfig:
     # window (signatures seen are refused, timestamps further off are stale).
     automation_interval: float = 2.0
     automation_replay_window: float = 300.0
+    # Notifications (docs/notifications.md): seconds between reads of the fleet stream, and
+    # the attempts and first backoff of a delivery.
+    notify_interval: float = 0.5
+    notify_attempts: int = 5
+    notify_backoff: float = 0.5
 
     @property
     def db_path(self) -> Path:
@@ -163,6 +171,8 @@ class Runtime:
         self._warming: asyncio.Future[Any] | None = None
         self.automations: AutomationService | None = None
         self.scheduler: Scheduler | None = None
+        self.notifications: NotificationService | None = None
+        self.notifier: Notifier | None = None
 
     async def start(self) -> None:
         cfg = self.config
@@ -301,6 +311,24 @@ class Runtime:
                 heartbeat=self.cluster.heartbeat if self.ownership is not None else None,
             )
             self.scheduler.start()
+        if backend.notifications is not None:
+            # Reads the stored fleet stream; clustered, one replica sends (the `notifier` lease).
+            self.notifier = Notifier(
+                backend.notifications,
+                backend.events,
+                self.metrics,
+                NotifierConfig(
+                    public_url=cfg.public_url,
+                    poll_interval=cfg.notify_interval,
+                    retry=RetryPolicy(attempts=cfg.notify_attempts, backoff=cfg.notify_backoff),
+                    leases=backend.leases if self.ownership is not None else None,
+                    owner=self.cluster.replica_id,
+                    ttl=cfg.lease_ttl,
+                    heartbeat=self.cluster.heartbeat if self.ownership is not None else None,
+                ),
+            )
+            self.notifications = NotificationService(backend.notifications, self.notifier)
+            self.notifier.start()
         if cfg.retention_days > 0:
             self._retention = RetentionTask(self.store, cfg.retention_days, metrics=self.metrics)
             self._retention.start()
@@ -391,6 +419,10 @@ class Runtime:
             # Calls relayed here from now on go unanswered (their callers withdraw them).
             with contextlib.suppress(Exception):
                 await wait_for(self.relay.close(), 5.0)
+        if self.notifier is not None:
+            # Deliveries it claimed and did not finish are sent by the next prosperod.
+            with contextlib.suppress(Exception):
+                await wait_for(self.notifier.stop(), 10.0)
         if self.scheduler is not None:
             # Before the manager: no fire spawns into a stopping fleet.
             with contextlib.suppress(Exception):

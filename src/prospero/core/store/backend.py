@@ -19,6 +19,7 @@ from prospero.core.leases import LeaseAuthority
 from prospero.core.store.automations import AutomationStore
 from prospero.core.store.base import AgentMetaStore, ConfigStore, EventStore
 from prospero.core.store.decisions import DecisionStore
+from prospero.core.store.notifications import NotificationStore
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
@@ -40,6 +41,7 @@ class StoreBackend:
     decisions: DecisionStore
     leases: LeaseAuthority | None = None  # PostgreSQL: the `leases` table
     automations: AutomationStore | None = None  # open; closed with the backend
+    notifications: NotificationStore | None = None  # open; closed with the backend
     _closers: list[Closable] = field(default_factory=list, repr=False)
 
     async def close(self) -> None:
@@ -74,6 +76,7 @@ async def _open_sqlite(db_path: Path) -> StoreBackend:
     from prospero.core.store.sqlite.automations import SqliteAutomationStore
     from prospero.core.store.sqlite.decisions import SqliteDecisionStore
     from prospero.core.store.sqlite.events import SqliteConfigStore, SqliteEventStore
+    from prospero.core.store.sqlite.notifications import SqliteNotificationStore
 
     events = SqliteEventStore(db_path)
     config = SqliteConfigStore(db_path)
@@ -82,8 +85,9 @@ async def _open_sqlite(db_path: Path) -> StoreBackend:
         "sqlite", str(db_path), events, config, agents, SqliteDecisionStore(db_path)
     )
     automations = backend.automations = SqliteAutomationStore(db_path)
+    notifications = backend.notifications = SqliteNotificationStore(db_path)
     try:
-        for store in (events, config, agents, automations):
+        for store in (events, config, agents, automations, notifications):
             await store.open()
             backend._closers.append(store)
     except BaseException:
@@ -100,6 +104,7 @@ async def _open_postgres(url: str) -> StoreBackend:
     from prospero.core.store.postgres.decisions import PostgresDecisionStore
     from prospero.core.store.postgres.events import PostgresEventStore
     from prospero.core.store.postgres.leases import PgLeases
+    from prospero.core.store.postgres.notifications import PostgresNotificationStore
 
     db = PgDb(url)
     events = PostgresEventStore(db)
@@ -110,10 +115,11 @@ async def _open_postgres(url: str) -> StoreBackend:
         "postgres", db.where, events, config, agents, PostgresDecisionStore(db), leases
     )
     automations = backend.automations = PostgresAutomationStore(db)
+    notifications = backend.notifications = PostgresNotificationStore(db)
     try:
         await db.open()
         backend._closers.append(db)
-        for store in (leases, events, config, agents, automations):
+        for store in (leases, events, config, agents, automations, notifications):
             await store.open()
             backend._closers.append(store)
     except BaseException:
