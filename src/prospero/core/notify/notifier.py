@@ -84,6 +84,8 @@ class Notifier:
         self._cursor: int | None = None  # set while leading
         self._wake = asyncio.Event()
         self._queued = 0
+        self._sending = 0  # workers in the middle of a delivery
+        self._closing = False
         metrics.gauge_fn(QUEUE, lambda: {(): float(self._queued)})
 
     # ------------------------------------------------------------------ lifecycle
@@ -101,9 +103,22 @@ class Notifier:
     def nudge(self) -> None:
         self._wake.set()
 
-    async def stop(self) -> None:
+    async def stop(self, drain: float = 3.0, *, release: bool = True) -> None:
+        """Stop reading; let the sends in flight finish (up to `drain` seconds, so that a
+        graceful stop does not leave a sent notification to be sent again), then stop the
+        workers. Claimed deliveries not sent yet are sent by the next start. `release`: hand
+        the `notifier` lease over now (False: leave it to expire, as a crashed replica does)."""
         task, self._task = self._task, None
-        tasks = [t for t in (task, *self._workers.values()) if t is not None]
+        self._closing = True
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain
+        while self._sending and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        tasks = list(self._workers.values())
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -113,7 +128,7 @@ class Notifier:
         self._queues.clear()
         if self.keeper is not None:
             with contextlib.suppress(Exception):
-                await wait_for(self.keeper.close(release=True), 5.0)
+                await wait_for(self.keeper.close(release=release), 5.0)
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -220,8 +235,11 @@ class Notifier:
         q.put_nowait(job)
 
     async def _worker(self, target_id: str, q: asyncio.Queue[_Job]) -> None:
-        while True:
+        while not self._closing:
             job = await q.get()
+            if self._closing:
+                return  # stays pending: the next start sends it
+            self._sending += 1
             try:
                 await self._deliver(target_id, job)
             except asyncio.CancelledError:
@@ -229,6 +247,7 @@ class Notifier:
             except Exception:
                 log.exception("notification %s: delivery failed", job.delivery.id)
             finally:
+                self._sending -= 1
                 self._queued -= 1
 
     async def _deliver(self, target_id: str, job: _Job) -> None:
