@@ -206,3 +206,23 @@ async def test_targets_are_managed_and_bad_input_is_refused(
     assert (await c.delete("/api/notifications/targets/ops")).status_code == 204
     assert (await c.get("/api/notifications/targets")).json() == []
     assert (await c.get("/api/notifications/deliveries?target=ops")).status_code == 404
+
+
+async def test_a_pending_decision_is_notified(make_stack: StackFactory, receiver: Receiver) -> None:
+    from tests.api.test_decisions_api import acp_stack, pending, spawn
+
+    stack = await acp_stack(make_stack, notify_interval=0.05)
+    await add_target(stack, receiver.url, format="slack", events=["decision_pending"])
+    agent = await spawn(stack)
+    [d] = await pending(stack, agent)
+
+    async def told() -> bool:
+        return bool(receiver.bodies)
+
+    await wait_until(told, 20, what="the pending decision notified")
+    [body] = receiver.bodies
+    assert body["text"].startswith(f"[Prospero] Decision pending: agent {agent} in ws asks")
+    title = d["tool_call"]["title"]
+    assert title and title in body["text"]
+    r = await stack.client.post(f"/api/decisions/{d['id']}", json={"option_id": "allow-once"})
+    assert r.status_code == 200, r.text
