@@ -158,3 +158,52 @@ async def test_an_acp_agent_is_concluded_then_killed_at_its_cap(
     # The worker was released through caliband (killed), and input is refused now.
     r = await stack.client.post(f"/api/agents/{agent}/input", json={"text": "more"})
     assert r.status_code == 409, r.text
+
+
+def midturn_acp_script(_spec: SpawnSpec) -> S.AcpScript:
+    """One long turn: its cumulative cost passes $0.01 early, then it would go on for 30 s."""
+    return S.AcpScript(
+        turns=[
+            [
+                S.text("working"),
+                S.usage(600, 200_000, cost=0.004),
+                S.usage(1200, 200_000, cost=0.012),
+                S.sleep(30.0),
+                S.text("never seen"),
+                S.stop(input_tokens=400, output_tokens=200),
+            ]
+        ],
+        default_turn=[S.text("never"), S.stop()],
+    )
+
+
+async def test_an_acp_agent_is_stopped_mid_turn_and_the_turn_is_counted(
+    make_stack: StackFactory,
+) -> None:
+    stack = await make_stack(workspace=False, allow_acp=True)
+    root = stack.tmp / "ws"
+    root.mkdir()
+    canon = canonical_root(str(root))
+    stack.fakes["ws"] = await FakeCaliband.start_unix(
+        socket_path_for(canon), root=canon, acp_script_for=midturn_acp_script
+    )
+    stack.roots["ws"] = root
+    assert stack.runtime.manager is not None
+    await stack.runtime.manager.add_workspace("ws", str(root))
+    agent = await stack.spawn(
+        "acp-midturn", drive_protocol="acp", budget_usd=0.01, posture="autonomous"
+    )
+    # Well before the turn's 30 s: stopped at the usage_update that crossed the cap.
+    events = await stack.wait_finished(agent, within=15)
+    seq = kinds(events)
+    text = "".join(e["kind"].get("chunk", "") for e in events)
+    assert "working" in text and "never seen" not in text
+    exceeded = next(e["kind"] for e in events if e["kind"]["kind"] == "budget_exceeded")
+    assert exceeded["spent"] == pytest.approx(0.012)
+    assert seq.index("budget_exceeded") < seq.index("turn_finished") < seq.index("agent_finished")
+    turn = next(e["kind"] for e in events if e["kind"]["kind"] == "turn_finished")
+    # The cancelled turn ended as the agent answered it: its cost is counted, not lost.
+    assert turn["stop_reason"] == "cancelled" and turn["cost_usd"] == pytest.approx(0.012)
+    assert "turn_lost" not in seq and seq.count("budget_exceeded") == 1
+    finished = next(e["kind"] for e in events if e["kind"]["kind"] == "agent_finished")
+    assert finished["outcome"] == "budget_exceeded"

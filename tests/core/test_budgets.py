@@ -62,3 +62,20 @@ async def test_a_run_stopped_before_is_not_stopped_again() -> None:
     g, stops = guard(stored(turn(2.0), BudgetExceeded(limit="usd", spent=2.0, cap=1.0)), usd=1.0)
     assert await g.ready() == []
     assert g.observe([turn(1.0)]) == [] and not stops
+
+
+async def test_a_turn_in_flight_warns_and_crosses_at_its_cumulative_cost() -> None:
+    g, stops = guard(stored(turn(0.5)), usd=1.0, tokens=10**6)
+    assert g.in_turn(0.2) == []  # before ready(): the history is not folded in yet
+    assert await g.ready() == []
+    [warn] = g.in_turn(0.35)  # 0.85 of 1.0 with the turn so far
+    assert isinstance(warn, BudgetWarning) and warn.spent == 0.85
+    assert g.spent["usd"] == 0.5  # the turn in flight is not settled spend
+    assert g.in_turn(0.4) == []  # warned once
+    [ev] = g.in_turn(0.6)
+    assert isinstance(ev, BudgetExceeded) and ev.spent == 1.1 and len(stops) == 1
+    # The turn's end (its full cost) adds nothing: the agent is being stopped.
+    assert g.observe([turn(0.6)]) == [] and len(stops) == 1
+    h, _ = guard([], tokens=100)
+    await h.ready()
+    assert h.in_turn(5.0) == []  # no dollar cap: mid-turn cost is not checked

@@ -117,9 +117,24 @@ class BudgetGuard:
                 turned = True
         return self._check() if turned else []
 
-    def _check(self) -> list[EventKind]:
+    def in_turn(self, turn_usd: float) -> list[EventKind]:
+        """An ACP agent's cumulative `usage_update` mid-turn: the turn has cost `turn_usd` so
+        far. Its warning or crossing now (the stop then cancels the turn in flight), instead
+        of at the turn's end; the turn's `turn_finished` then adds nothing new."""
+        if self.exceeded or not self._loaded or "usd" not in self.caps or turn_usd <= 0:
+            return []
+        settled = self.spent["usd"]
+        self.spent["usd"] = settled + turn_usd
+        try:
+            return self._check(only="usd")
+        finally:
+            self.spent["usd"] = settled
+
+    def _check(self, only: BudgetLimit | None = None) -> list[EventKind]:
         out: list[EventKind] = []
         for limit, cap in self.caps.items():
+            if only is not None and limit != only:
+                continue
             spent = self.spent[limit]
             if spent > cap:
                 self.exceeded = True

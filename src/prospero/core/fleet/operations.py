@@ -32,6 +32,9 @@ from prospero.types.model import Agent, AgentMeta, AgentStatus, DriveProtocol, R
 
 log = logging.getLogger("prospero.core.fleet.manager")
 
+# Seconds an ACP agent stopped at its budget mid-turn is given to end the cancelled turn.
+BUDGET_SETTLE = 5.0
+
 KILLED_BY_REMOVAL = ("killed", "killed by the operator: its CalibanTask was deleted")
 
 
@@ -171,6 +174,11 @@ class AgentOperations(FleetState):
         try:
             if drive_protocol(slot.record, slot.meta) != "ndjson":
                 slot.released = True  # the kill below releases the worker
+                settle = getattr(slot.driver, "settle_turn", None)
+                if settle is not None:
+                    # A cap crossed mid-turn (ACP usage_update): the turn is cancelled and
+                    # ends with its usage counted before the run is concluded.
+                    await settle(BUDGET_SETTLE, ending)
                 await slot.driver.conclude(*ending)
                 if slot.driver.finished:
                     await self._on_finished(agent_id)

@@ -65,6 +65,12 @@ class AgentSink:
         for extra in self.budget.observe(kinds):
             await self.emitter.emit(self.repo, self.agent_id, extra)
 
+    def in_turn_spend(self, turn_usd: float) -> list[EventKind]:
+        """What the agent's caps say of a turn that has cost `turn_usd` so far (an ACP
+        agent's cumulative `usage_update`): the budget events for the driver to put in its
+        stream, in order (on a crossing, the stop is under way). Synchronous."""
+        return self.budget.in_turn(turn_usd) if self.budget is not None else []
+
     async def flush(self) -> None:
         """Wait until what was handed over (events and cursors) is committed: the ACP
         driver commits a turn's begin before it sends that turn's prompt (at most once)."""

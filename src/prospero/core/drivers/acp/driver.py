@@ -107,6 +107,7 @@ class AcpDriver(ReconnectingDriver, AcpSession):
         self.close_timeout = close_timeout
         register(self)  # raises DriverConflict: one driver per agent per process
         self._conclude_request: tuple[str, str] | None = None
+        self._stopping_as: tuple[str, str] | None = None  # settle_turn's `ending`
         self._pending_loss: str | None = None  # a turn lost with its connection, cause unknown
         self._auth_refused_prompt: str | None = None
         self._auth_prompt_tried = False
@@ -138,6 +139,8 @@ class AcpDriver(ReconnectingDriver, AcpSession):
             model=target.model,
             metrics=metrics,
             on_hold=self._schedule_hold,
+            # The agent's dollar cap, checked at each cumulative usage_update mid-turn.
+            on_turn_cost=getattr(sink, "in_turn_spend", None),
         )
         self.bridge = PermissionBridge(target.agent_id, self.broker, metrics)
         self._spawned_here = meta is None or meta.spawned_here
@@ -247,6 +250,23 @@ class AcpDriver(ReconnectingDriver, AcpSession):
         self._turn_cancel.set()
         if self._prompt_queued:  # else the turn sends it right after its prompt
             await self._send_cancel(conn, sid, self.close_timeout)
+
+    async def settle_turn(self, timeout: float, ending: tuple[str, str] | None = None) -> bool:
+        """Cancel the turn in flight and wait (up to `timeout` s) for the agent to end it
+        (`stopReason: cancelled`, with its usage), so that a stop records the turn as finished,
+        its cost counted, rather than lost. `ending`: the outcome and detail the run ends
+        with if it ends meanwhile (a one-turn run ends with its turn). True when no turn is
+        in flight any more."""
+        if ending is not None:
+            self._stopping_as = ending
+        if self.mapper.turn is None:
+            return True
+        await self.cancel_turn()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.mapper.turn is not None and self._running and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        return self.mapper.turn is None
 
     async def _send_cancel(self, conn: acp.ClientSideConnection, sid: str, limit: float) -> None:
         try:
@@ -399,7 +419,10 @@ class AcpDriver(ReconnectingDriver, AcpSession):
         stored_open: Sequence[Any] = (),
         gap: str | None = None,
     ) -> None:
-        """agent_finished, after the agent's pending decisions ended with its session."""
+        """agent_finished, after the agent's pending decisions ended with its session (with
+        the outcome of a stop under way, when the run ends while it settles its turn)."""
+        if self._stopping_as is not None and gap is None:
+            outcome, detail = self._stopping_as
         self._settle_loss()
         self.bridge.end()
         await self._drain()

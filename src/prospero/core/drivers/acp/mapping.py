@@ -36,6 +36,7 @@ from prospero.core.normalize import RESULT_TEXT_CAP
 from prospero.types.events import (
     AgentFinished,
     AgentInit,
+    EventKind,
     FileDiff,
     Output,
     StreamGap,
@@ -246,8 +247,12 @@ class AcpMapper:
         model: str | None = None,
         metrics: Metrics | None = None,
         on_hold: Callable[[str, Slot], None] | None = None,
+        on_turn_cost: Callable[[float], Sequence[EventKind]] | None = None,
     ) -> None:
         self.out = out
+        # Told the turn's cost so far at each cumulative `usage_update` (the agent's budget,
+        # core/budgets.py): the events it answers go in the stream there, in order.
+        self.on_turn_cost = on_turn_cost
         self.agent_id = agent_id
         self.include_thinking = include_thinking
         self.metrics = metrics if metrics is not None else Metrics()
@@ -490,6 +495,10 @@ class AcpMapper:
             return
         self.cost_total = float(c.amount)
         self._turn_cost_seen = True
+        if self.on_turn_cost is not None and self.turn is not None and not self.loading:
+            base = self._turn_cost_base or 0.0
+            for kind in self.on_turn_cost(self.cost_total - base):
+                self.out.push(kind)
 
     # ---- turns -------------------------------------------------------------------------------
 
