@@ -84,7 +84,7 @@ async def test_from_the_head_then_restart_loses_nothing_and_resends_nothing(
     rx = await Receiver().start()
     try:
         await notes.create_target(
-            NotificationTarget(id="nt_1", name="ops", url=rx.url, created_at="t")
+            NotificationTarget(id="nt_1", name="ops", url=rx.url, created_at="")
         )
         await events.append_batch([fleet(1, ev.AgentFinished(outcome="EndOfTurn"), "old")])
         cfg = NotifierConfig(poll_interval=0.02)

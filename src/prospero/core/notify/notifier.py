@@ -200,6 +200,10 @@ class Notifier:
             targets = await self.store.targets()
             for notice in notices:
                 for target in targets:
+                    # A target is told of what happens after it was added, not of the past
+                    # (events stored before it, read only now).
+                    if notice.ts and notice.ts < target.created_at:
+                        continue
                     if target.wants(notice.event, notice.workspace):
                         await self._claim(target, notice)
         last = rows[-1].cursor

@@ -36,6 +36,7 @@ class Notice:
     summary: str  # one line, plain text
     data: dict[str, Any]  # the stored event (or a test's description)
     link: str | None = None
+    ts: str = ""  # when the event happened (RFC 3339, as stored)
 
 
 def _amount(limit: str, value: Any) -> str:
@@ -89,7 +90,7 @@ def notice_of(ordinal: int, event: dict[str, Any], public_url: str | None = None
     else:
         return None
     link = f"{public_url.rstrip('/')}/#/agents/{agent}" if public_url and agent else None
-    return Notice(name, ordinal, ws, agent, summary, event, link)
+    return Notice(name, ordinal, ws, agent, summary, event, link, str(event.get("ts") or ""))
 
 
 def test_notice(target_name: str, public_url: str | None = None) -> Notice:
