@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "workspaces",  # workspace add | list | config | rm
     "decisions",  # decisions, approve, deny, policy show | set
     "automations",  # automation create | list | show | enable | disable | delete | run | ...
+    "notifications",  # notify add | list | show | enable | disable | remove | test | log
     "contexts",  # context add | use | ls | current | rm
     "tokens",  # token new | list
     "demo",
