@@ -9,6 +9,7 @@ import * as agentView from "./views/agent.js";
 import * as approvalsView from "./views/approvals.js";
 import * as automationsView from "./views/automations.js";
 import * as fleetView from "./views/fleet.js";
+import * as notificationsView from "./views/notifications.js";
 import * as spawnView from "./views/spawn.js";
 import * as usageView from "./views/usage.js";
 import * as workspaceView from "./views/workspace.js";
@@ -19,6 +20,7 @@ const ROUTES = [
   { re: /^\/approvals$/, view: approvalsView, nav: "approvals" },
   { re: /^\/usage$/, view: usageView, nav: "usage" },
   { re: /^\/automations$/, view: automationsView, nav: "automations" },
+  { re: /^\/notifications$/, view: notificationsView, nav: "notifications" },
   { re: /^\/spawn$/, view: spawnView, nav: "fleet" },
   { re: /^\/workspaces\/([^/]+)$/, view: workspaceView, nav: "fleet" },
 ];
