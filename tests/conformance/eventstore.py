@@ -258,6 +258,13 @@ class EventStoreConformance:
         page = await store.replay_fleet_raw(after_ordinal=ordinals[1], limit=3)
         assert [r.cursor for r in page] == ordinals[2:5]
         assert await store.replay_fleet_raw(after_ordinal=ordinals[-1]) == []
+        picked = await store.replay_fleet_raw(kinds=wanted)
+        assert [r.kind for r in picked] == [e.kind.kind for e in events if e.kind.kind in wanted]
+        assert [r.cursor for r in picked] == [
+            o for o, e in zip(ordinals, events, strict=True) if e.kind.kind in wanted
+        ]
+        assert len(await store.replay_fleet_raw(kinds=wanted, limit=1)) == 1
+        assert await store.replay_fleet_raw(kinds=[]) == []
 
     async def test_large_batch(self, store: EventStore) -> None:
         events = [ev(f"s{i % 7}", i // 7 + 1) for i in range(2000)]

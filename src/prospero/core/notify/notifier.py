@@ -182,13 +182,17 @@ class Notifier:
     async def run_once(self) -> bool:
         """Read the next batch after the cursor; True when it was full (read again now)."""
         assert self._cursor is not None
-        rows = await self.events.replay_fleet_raw(self._cursor, limit=self.config.batch)
-        if not rows:
+        # Everything up to the head is committed (ordinals commit in order): only the kinds
+        # that may notify are read, and the cursor moves to the head past the others.
+        head = await self.events.last_ordinal()
+        if head <= self._cursor:
             return False
+        rows = await self.events.replay_fleet_raw(
+            self._cursor, limit=self.config.batch, kinds=SOURCE_KINDS
+        )
+        full = len(rows) >= self.config.batch
         notices: list[Notice] = []
         for row in rows:
-            if row.kind not in SOURCE_KINDS:
-                continue
             try:
                 event = orjson.loads(row.data)
             except orjson.JSONDecodeError:
@@ -206,10 +210,10 @@ class Notifier:
                         continue
                     if target.wants(notice.event, notice.workspace):
                         await self._claim(target, notice)
-        last = rows[-1].cursor
+        last = rows[-1].cursor if full else max(head, rows[-1].cursor if rows else head)
         await self.store.save_cursor(last)
         self._cursor = last
-        return len(rows) >= self.config.batch
+        return full
 
     async def _claim(self, target: NotificationTarget, notice: Notice) -> None:
         d = Delivery(

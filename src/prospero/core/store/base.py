@@ -181,9 +181,14 @@ class EventStore(Protocol):
         ...
 
     async def replay_fleet_raw(
-        self, after_ordinal: int = 0, limit: int | None = None
+        self,
+        after_ordinal: int = 0,
+        limit: int | None = None,
+        *,
+        kinds: Collection[str] | None = None,
     ) -> list[RawEvent]:
-        """`replay_fleet`, as JSON bytes (`RawEvent`, cursor = ordinal)."""
+        """`replay_fleet`, as JSON bytes (`RawEvent`, cursor = ordinal); with `kinds`, only
+        events of those kinds (`limit` then counts the matching events)."""
         ...
 
     async def high_water(self, stream_key: str) -> int:

@@ -302,17 +302,27 @@ class PostgresEventStore(PgComponentStore):
         return out
 
     async def replay_fleet_raw(
-        self, after_ordinal: int = 0, limit: int | None = None
+        self,
+        after_ordinal: int = 0,
+        limit: int | None = None,
+        *,
+        kinds: Collection[str] | None = None,
     ) -> list[RawEvent]:
-        return raw_events(await self._fleet(after_ordinal, limit, sql.RAW_COLS), True)
+        tags = sorted(set(kinds)) if kinds is not None else None
+        if tags == []:
+            return []
+        return raw_events(await self._fleet(after_ordinal, limit, sql.RAW_COLS, tags), True)
 
-    async def _fleet(self, after_ordinal: int, limit: int | None, cols: str) -> list[Any]:
+    async def _fleet(
+        self, after_ordinal: int, limit: int | None, cols: str, tags: list[str] | None = None
+    ) -> list[Any]:
         if limit is not None and limit < 0:
             limit = None
-        query = sql.replay_fleet_sql(cols)
+        query = sql.replay_fleet_sql(cols, kinds=tags is not None)
+        args = (after_ordinal, limit) if tags is None else (after_ordinal, limit, tags)
 
         async def job(conn: Conn) -> list[Any]:
-            return list(await conn.fetch(query, after_ordinal, limit))
+            return list(await conn.fetch(query, *args))
 
         return await self._run(job, "replay_fleet")
 

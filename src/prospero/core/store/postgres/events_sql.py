@@ -221,9 +221,11 @@ def replay_sql(cols: str, by_kind: bool) -> str:
     )
 
 
-def replay_fleet_sql(cols: str) -> str:
-    """Every stream's events after an ordinal, in ordinal order; `$2` the limit (null: none)."""
-    return f"SELECT ordinal, {cols} FROM events WHERE ordinal > $1 ORDER BY ordinal LIMIT $2"
+def replay_fleet_sql(cols: str, *, kinds: bool = False) -> str:
+    """Every stream's events after an ordinal, in ordinal order; `$2` the limit (null: none);
+    with `kinds`, only those whose kind is in `$3` (a text array)."""
+    where = " AND kind_tag = ANY($3::text[])" if kinds else ""
+    return f"SELECT ordinal, {cols} FROM events WHERE ordinal > $1{where} ORDER BY ordinal LIMIT $2"
 
 
 # scan_kinds: the caller's new streams' events of the kinds up to its mark ($2)...

@@ -489,13 +489,22 @@ class SqliteEventStore:
         return await self._read(job, "replay")
 
     async def replay_fleet_raw(
-        self, after_ordinal: int = 0, limit: int | None = None
+        self,
+        after_ordinal: int = 0,
+        limit: int | None = None,
+        *,
+        kinds: Collection[str] | None = None,
     ) -> list[RawEvent]:
+        tags = sorted(set(kinds)) if kinds is not None else None
+        if tags == []:
+            return []
+
         def job(conn: sqlite3.Connection) -> list[RawEvent]:
+            where = "" if tags is None else f" AND kind_tag IN ({','.join('?' * len(tags))})"
             rows = conn.execute(
-                f"SELECT ordinal, {_SELECT_RAW_COLS} FROM events WHERE ordinal > ? "
+                f"SELECT ordinal, {_SELECT_RAW_COLS} FROM events WHERE ordinal > ?{where} "
                 "ORDER BY ordinal LIMIT ?",
-                (after_ordinal, -1 if limit is None else limit),
+                (after_ordinal, *(tags or ()), -1 if limit is None else limit),
             ).fetchall()
             return raw_events(rows, True)
 
