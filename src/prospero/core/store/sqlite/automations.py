@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import ValidationError
 
 from prospero.core.store.automations import RUN_HISTORY, DuplicateName
-from prospero.core.store.sqlite.db import LazySqliteStore
+from prospero.core.store.sqlite.db import LazySqliteStore, create_tables, immediate
 from prospero.types.automations import Automation, AutomationRun, RunState
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS automations (
@@ -63,14 +61,7 @@ _RUN_COLS = "id, automation_id, tick, trigger, fired_at, state, agent_id, error"
 
 
 def _init(conn: sqlite3.Connection) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for stmt in _SCHEMA:
-            conn.execute(stmt)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+    create_tables(conn, _SCHEMA)
 
 
 def _doc(a: Automation) -> str:
@@ -93,17 +84,6 @@ def _run(row: tuple[Any, ...]) -> AutomationRun | None:
     except ValidationError as e:
         log.warning("automation run %r: unreadable stored row skipped: %s", row[0], e)
         return None
-
-
-def _tx(conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        out = fn()
-        conn.execute("COMMIT")
-        return out
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 _SELECT = "SELECT id, doc, secret IS NOT NULL, last_fired FROM automations"
@@ -176,7 +156,7 @@ class SqliteAutomationStore(LazySqliteStore):
                 )
                 return cur.rowcount == 1
 
-            return _tx(conn, body)
+            return immediate(conn, body)
 
         return await self._run(job, "delete")
 
@@ -238,7 +218,7 @@ class SqliteAutomationStore(LazySqliteStore):
                 )
                 return True
 
-            return _tx(conn, body)
+            return immediate(conn, body)
 
         return await self._run(job, "claim_run")
 
@@ -289,6 +269,6 @@ class SqliteAutomationStore(LazySqliteStore):
                 )
                 return cur.rowcount == 1
 
-            return _tx(conn, body)
+            return immediate(conn, body)
 
         return await self._run(job, "claim_signature")

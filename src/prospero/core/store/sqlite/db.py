@@ -24,6 +24,28 @@ T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5000
 
 
+def immediate(conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
+    """`fn()` in one `BEGIN IMMEDIATE` transaction: committed, or rolled back on any error."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        out = fn()
+        conn.execute("COMMIT")
+        return out
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def create_tables(conn: sqlite3.Connection, statements: tuple[str, ...]) -> None:
+    """A store's schema (`CREATE ... IF NOT EXISTS` statements), in one transaction."""
+
+    def body() -> None:
+        for stmt in statements:
+            conn.execute(stmt)
+
+    immediate(conn, body)
+
+
 def connect(path: str) -> sqlite3.Connection:
     # isolation_level=None: autocommit; transactions are explicit (BEGIN IMMEDIATE).
     conn = sqlite3.connect(

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from prospero.core.store.notifications import DELIVERY_LOG, DuplicateTarget
-from prospero.core.store.sqlite.db import LazySqliteStore
+from prospero.core.store.sqlite.db import LazySqliteStore, create_tables, immediate
 from prospero.types.notifications import Delivery, DeliveryState, NotificationTarget
 
 log = logging.getLogger(__name__)
@@ -58,14 +58,7 @@ FIELDS = tuple(c.strip() for c in COLS.split(","))
 
 
 def _init(conn: sqlite3.Connection) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for stmt in _SCHEMA:
-            conn.execute(stmt)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+    create_tables(conn, _SCHEMA)
 
 
 def target_doc(t: NotificationTarget) -> str:
@@ -131,15 +124,12 @@ class SqliteNotificationStore(LazySqliteStore):
 
     async def delete_target(self, target_id: str) -> bool:
         def job(conn: sqlite3.Connection) -> bool:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            def body() -> bool:
                 cur = conn.execute("DELETE FROM notify_targets WHERE id = ?", (target_id,))
                 conn.execute("DELETE FROM notify_deliveries WHERE target_id = ?", (target_id,))
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            return cur.rowcount == 1
+                return cur.rowcount == 1
+
+            return immediate(conn, body)
 
         return await self._run(job, "delete")
 
@@ -147,8 +137,7 @@ class SqliteNotificationStore(LazySqliteStore):
         d = delivery
 
         def job(conn: sqlite3.Connection) -> int | None:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            def body() -> int | None:
                 cur = conn.execute(
                     "INSERT OR IGNORE INTO notify_deliveries (target_id, ordinal, event, "
                     "agent_id, workspace, summary, state, attempts, http_status, error, "
@@ -173,11 +162,9 @@ class SqliteNotificationStore(LazySqliteStore):
                         "ORDER BY id DESC LIMIT 1 OFFSET ?)",
                         (d.target_id, d.target_id, max(1, keep)),
                     )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            return new
+                return new
+
+            return immediate(conn, body)
 
         return await self._run(job, "claim")
 
