@@ -250,6 +250,17 @@ export function emptyState(title, text, ...actions) {
   );
 }
 
+// A labelled form control, with an optional hint under it.
+export function field(label, control, hint, cls = "") {
+  return h(
+    "label",
+    { class: ["field", cls] },
+    h("span", { class: "field-label" }, label),
+    control,
+    hint ? h("span", { class: "hint" }, hint) : null,
+  );
+}
+
 export function kv(label, value, cls = "") {
   return h("div", { class: ["kv", cls] }, h("dt", {}, label), h("dd", {}, value));
 }

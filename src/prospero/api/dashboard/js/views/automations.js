@@ -6,17 +6,7 @@ import { del, enc, get, post } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtDateTime, shortId } from "../format.js";
 import * as state from "../state.js";
-import { banner, busy, button, emptyState } from "../ui.js";
-
-function field(label, control, hint, cls = "") {
-  return h(
-    "label",
-    { class: ["field", cls] },
-    h("span", { class: "field-label" }, label),
-    control,
-    hint ? h("span", { class: "hint" }, hint) : null,
-  );
-}
+import { banner, busy, button, emptyState, field } from "../ui.js";
 
 function runRow(r) {
   const agent = r.agent_id

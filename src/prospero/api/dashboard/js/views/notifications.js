@@ -5,19 +5,9 @@
 import { del, enc, get, patch, post } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtDateTime, shortId } from "../format.js";
-import { banner, busy, button, emptyState } from "../ui.js";
+import { banner, busy, button, emptyState, field } from "../ui.js";
 
 const EVENTS = ["decision_pending", "agent_finished", "agent_failed", "budget_warning", "budget_exceeded"];
-
-function field(label, control, hint, cls = "") {
-  return h(
-    "label",
-    { class: ["field", cls] },
-    h("span", { class: "field-label" }, label),
-    control,
-    hint ? h("span", { class: "hint" }, hint) : null,
-  );
-}
 
 function outcome(d) {
   if (d.state === "delivered") return `delivered (HTTP ${d.http_status})`;
