@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from prospero.core import decisions as D
@@ -48,6 +47,7 @@ from prospero.types.events import (
     TurnFinished,
 )
 from tests.core.acp_support import MemoryCursorStore, Peer, Rig
+from tests.receiver import Receiver
 from tests.support import wait_until
 
 T = 15.0
@@ -761,50 +761,11 @@ async def test_adoption_without_a_driver_and_grace_cancel_of_others(env: Env) ->
 # ---- webhooks ---------------------------------------------------------------------------------
 
 
-class WebhookSink:
+class WebhookSink(Receiver):
     """A local HTTP server recording JSON POSTs; answers `statuses` in turn (then 200)."""
 
-    def __init__(self, statuses: list[int] | None = None) -> None:
-        self.statuses = list(statuses or [])
-        self.bodies: list[dict[str, Any]] = []
-        self.attempts = 0
-        self.server: asyncio.Server | None = None
-        self.url = ""
-
-    async def start(self) -> WebhookSink:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}/hook"
-        return self
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.decode("latin-1").split("\r\n"):
-                    name, _, value = line.partition(":")
-                    if name.strip().lower() == "content-length":
-                        length = int(value.strip())
-                body = await reader.readexactly(length)
-                self.attempts += 1
-                status = self.statuses.pop(0) if self.statuses else 200
-                if status < 300:
-                    self.bodies.append(orjson.loads(body))
-                writer.write(f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\n\r\n".encode("latin-1"))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    def events(self) -> list[tuple[str, str]]:
+    def events(self) -> list[tuple[str, str]]:  # type: ignore[override]
         return [(b["event"], b["decision"]["state"]) for b in self.bodies]
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
 
 
 async def test_webhooks_retry_then_deliver_and_failures_never_block(env: Env) -> None:
