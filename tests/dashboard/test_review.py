@@ -248,7 +248,12 @@ async def test_ndjson_edits_files_markdown_durations_search_keys_and_390px(
         await wait_until(cells_fit, 5.0, interval=0.1, what="the agent row fits")
     except AssertionError:
         raise AssertionError(f"a cell of the agent row ends at {rights[-1]} px") from None
-    await narrow.page.locator(".ws-card").scroll_into_view_if_needed()  # the stacked rows
+    # The stacked rows into view, in one step in the page: the fleet re-renders as it updates,
+    # and a locator's element can be replaced between resolving and scrolling (it failed so).
+    await expect(narrow.page.locator(".ws-card")).to_be_attached()
+    await narrow.page.evaluate(
+        "document.querySelector('.ws-card').scrollIntoView({block: 'nearest'})"
+    )
     await narrow.doc_shot("narrow-390-fleet")
     await narrow.open(f"#/agents/{agent_id}")
     await expect(narrow.page.locator(".tl-finished")).to_be_attached()
