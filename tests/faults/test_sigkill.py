@@ -116,6 +116,12 @@ async def events(
     return list(r.json()) if r.status_code == 200 else []
 
 
+async def finished(c: httpx.AsyncClient, agent_id: str) -> bool:
+    """Whether the agent's stored history holds its agent_finished."""
+    kinds = [e.get("kind") for e in await events(c, agent_id)]
+    return any(isinstance(k, dict) and k.get("kind") == "agent_finished" for k in kinds)
+
+
 async def spawn(c: httpx.AsyncClient, prompt: str) -> str:
     r = await c.post(
         "/api/workspaces/app/agents", json={"prompt": f"{prompt} go", "isolation": "shared"}
@@ -159,9 +165,27 @@ async def test_sigkill_prosperod_at_random_moments(rig: Rig) -> None:
                     for a, n in before.items():
                         if await events(c, a, n + 1, 1):
                             return True
-                    return False
+                    # Every one of them ended and was caught up before the counts were read
+                    # (its run ended between the record read and the counts): nothing is
+                    # left to grow, so this restart is killed caught up.
+                    now = await rig.records()
+                    for a in before:
+                        if not now[a].status.terminal:
+                            return False
+                        if not await finished(c, a):
+                            return False
+                    return True
 
-                await wait_until(grew, 60, interval=0.005, what="catch-up under way")
+                try:
+                    await wait_until(grew, 60, interval=0.005, what="catch-up under way")
+                except AssertionError as e:
+                    now = await rig.records()
+                    state = {
+                        a: (n, now[a].status, len(await events(c, a))) for a, n in counts.items()
+                    }
+                    raise AssertionError(
+                        f"{e} (kill {i + 1}; id: count, status, now) {state}"
+                    ) from None
         if mode == "progress":
             recs = await rig.records()
             live = [r for a, r in recs.items() if a in spawned and not r.status.terminal]
