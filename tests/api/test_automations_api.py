@@ -159,13 +159,18 @@ async def test_bad_signatures_fire_nothing(stack: Stack) -> None:
     )
     assert await runs(stack, "triage") == []
     assert stack.fake.agents == {}
-    # no webhook configured: 404
+    # no webhook configured, or no such automation: the forged answer, word for word (the
+    # route is open: a caller without the secret learns no automation's name)
     await create(stack, name="nohook")
-    envelope(
-        await post_hook(stack, "nohook", raw, {"X-Prospero-Signature": sign("x", raw)}),
-        404,
-        "not_found",
-    )
+    forged = await post_hook(stack, "triage", raw, {"X-Prospero-Signature": sign("x", raw)})
+    envelope(forged, 401, "unauthorized")
+    for ref in ("nohook", "nope"):
+        r = await post_hook(stack, ref, raw, {"X-Prospero-Signature": sign("x", raw)})
+        assert (r.status_code, r.json()) == (forged.status_code, forged.json()), ref
+        r = await post_hook(stack, ref, raw, {})
+        envelope(r, 401, "unauthorized")
+        assert "missing X-Prospero-Signature" in r.text
+    assert await runs(stack, "nohook") == []
     # rotation: the old secret stops verifying, the new one works
     r = await stack.client.post("/api/automations/triage/rotate-secret")
     assert r.status_code == 200, r.text

@@ -15,13 +15,13 @@ import secrets
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 from pydantic import ValidationError
 
 from prospero.core.automations import cron
-from prospero.core.automations.signing import verify
+from prospero.core.automations.signing import SignatureRejected, verify
 from prospero.core.automations.template import TemplateError, parse, render
 from prospero.core.errors import Conflict, InvalidConfig, NotFound, ProsperoError
 from prospero.core.fleet.manager import FleetManager
@@ -217,14 +217,19 @@ class AutomationService:
         timestamp: str | None,
         now: float | None = None,
     ) -> AutomationRun:
-        """Verify, then fire. SignatureRejected (401), AutomationDisabled / Replayed (409),
+        """Verify, then fire. SignatureRejected (401; also for an unknown automation or one
+        without a webhook), AutomationDisabled / Replayed (409),
         InvalidConfig for a body that is not a JSON object (400); nothing fires on any."""
         now = time.time() if now is None else now
         try:
-            a = await self.resolve(ref)
-            secret = await self.store.secret(a.id)
-            if secret is None:
-                raise NotFound(f"automation {a.name!r} has no webhook trigger")
+            a = await self.store.get(ref) or await self.store.by_name(ref)
+            secret = await self.store.secret(a.id) if a is not None else None
+            if a is None or secret is None:
+                # The route is open: an unknown automation, or one without a webhook, is
+                # refused exactly as a forged signature is (checked against a throwaway
+                # secret), so that a caller without a secret learns no automation's name.
+                _unknown(body, signature, timestamp, now, self.replay_window)
+            assert a is not None and secret is not None
             digest = verify(secret, body, signature, timestamp, now=now, window=self.replay_window)
             if not a.enabled:
                 raise AutomationDisabled(a.name)
@@ -299,6 +304,18 @@ class AutomationService:
             log.warning("automation %s (%s): spawn refused: %s", a.name, trigger, error)
         await self.store.finish_run(run_id, done.state, agent_id=done.agent_id, error=done.error)
         return done
+
+
+def _unknown(
+    body: bytes, signature: str | None, timestamp: str | None, now: float, window: float
+) -> NoReturn:
+    try:
+        verify(secrets.token_hex(32), body, signature, timestamp, now=now, window=window)
+    except SignatureRejected as e:
+        if e.reason == "forged":
+            e.reason = "unknown"  # the metric's label; the answer is the forged one
+        raise
+    raise SignatureRejected("unknown", "webhook signature does not match")  # a 2^-256 match
 
 
 def _payload(body: bytes) -> dict[str, Any]:
