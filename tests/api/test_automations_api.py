@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,9 @@ import httpx
 import orjson
 
 from prospero.core.aio import wait_for
+from prospero.core.automations.service import STALE_RUN
 from prospero.core.automations.signing import sign
+from prospero.types.automations import AutomationRun
 from tests.api.conftest import Stack, StackFactory, envelope
 from tests.support import wait_until
 
@@ -264,6 +266,29 @@ async def test_a_refused_spawn_is_a_failed_run(make_stack: StackFactory) -> None
     assert failed.state == "failed" and "ws" in (failed.error or "")
     m = await stack.client.get("/metrics")
     assert 'prospero_automation_fire_failures_total{trigger="manual"} 1.0' in m.text
+
+
+async def test_a_run_left_firing_by_a_dead_replica_is_marked_failed(
+    make_stack: StackFactory,
+) -> None:
+    # A prosperod that died between claiming a run and the spawn's answer left it `firing`;
+    # the scheduler's pass fails it once it is STALE_RUN old, and leaves a young one alone.
+    stack = await driven(make_stack)
+    a = await create(stack)
+    sched = stack.runtime.scheduler
+    assert sched is not None
+    now = datetime.now(UTC)
+    for id_, age in (("run-dead", STALE_RUN + 60), ("run-young", 60.0)):
+        at = (now - timedelta(seconds=age)).isoformat(timespec="microseconds")
+        run = AutomationRun(
+            id=id_, automation_id=a["automation"]["id"], trigger="manual", tick=id_, fired_at=at
+        )
+        assert await sched.service.store.claim_run(run)
+    assert await sched.run_once() == []
+    got = {r["id"]: r for r in await runs(stack, "triage")}
+    assert got["run-dead"]["state"] == "failed" and got["run-dead"]["agent_id"] is None
+    assert got["run-dead"]["error"].startswith("interrupted: ")
+    assert (got["run-young"]["state"], got["run-young"]["error"]) == ("firing", None)
 
 
 async def test_bad_input_is_a_clear_error(stack: Stack) -> None:

@@ -9,7 +9,8 @@ Pinned here: an automation round-trips field for field; names are unique (create
 raise DuplicateName, changing nothing); `webhook` follows the stored secret; `update` keeps
 the secret and `last_fired`; `claim_run` fires a tick once — also when many callers race on
 two handles — and sets `last_fired`, and history is bounded to the newest runs; `runs` is
-newest first; `claim_signature` accepts a signature once within the window, again after it;
+newest first; `abandon_runs` fails only the runs still `firing` fired before the cut;
+`claim_signature` accepts a signature once within the window, again after it;
 `delete` takes runs and signatures with it; everything survives a reopen.
 """
 
@@ -150,6 +151,25 @@ class AutomationStoreConformance:
         assert [r.id for r in await s.runs("au-1", limit=2)] == ["r6", "r5"]
         assert await s.get_run("r6") == runs[0]
         assert await s.get_run("r0") is None
+
+    async def test_abandon_fails_only_old_firing_runs(
+        self, automation_store_factory: AutomationStoreFactory
+    ) -> None:
+        s = await automation_store_factory()
+        await s.create(automation(), None)
+        late = "2026-01-01T00:10:00.000000+00:00"
+        for id_, at in (("old", T0), ("old-done", T0), ("new", late)):
+            assert await s.claim_run(run(id_, trigger="manual", fired_at=at))
+        await s.finish_run("old-done", "spawned", agent_id="ag-1", error=None)
+        assert await s.abandon_runs("2026-01-01T00:05:00.000000+00:00", "interrupted") == 1
+        again = await automation_store_factory()  # another handle sees it
+        got = {r.id: (r.state, r.agent_id, r.error) for r in await again.runs("au-1")}
+        assert got == {
+            "old": ("failed", None, "interrupted"),
+            "old-done": ("spawned", "ag-1", None),
+            "new": ("firing", None, None),
+        }
+        assert await s.abandon_runs("2026-01-01T00:05:00.000000+00:00", "interrupted") == 0
 
     async def test_signatures_once_per_window(
         self, automation_store_factory: AutomationStoreFactory

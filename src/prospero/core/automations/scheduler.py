@@ -6,6 +6,8 @@ schedule has a tick due (docs/automations.md).
 - Only the *latest* due tick is considered: after downtime an automation fires at most once,
   for the most recent tick it missed, and the older missed ticks are skipped (no burst). Ticks
   before its `armed_at` (creation, re-enable, schedule change) are never fired.
+- A run left `firing` by a replica that died mid-spawn is marked failed once it is
+  `STALE_RUN` old (service.abandon_stale), by whichever replica runs the pass.
 - Clustered (a lease authority): only the replica holding the `automations` lease runs the
   pass; the others wait for it to lapse.
 
@@ -105,6 +107,7 @@ class Scheduler:
             return []
         self.passes += 1
         now = self.clock()
+        await self.service.abandon_stale()  # by the wall clock: fired_at is
         fired: list[AutomationRun] = []
         for a in await self.service.store.all():
             if not a.enabled or not a.schedule:

@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 import orjson
@@ -43,6 +43,14 @@ FIRES = "automation_fires"
 FIRE_FAILURES = "automation_fire_failures"
 WEBHOOK_REJECTIONS = "automation_webhook_rejections"
 REPLAY_WINDOW = 300.0
+# A run still `firing` this long after it fired was being spawned by a replica that died
+# (a spawn is answered, or refused, within tens of seconds: caliband's start-up and request
+# timeouts); the scheduler's pass marks it failed.
+STALE_RUN = 600.0
+INTERRUPTED = (
+    "interrupted: the prosperod firing this run stopped before the spawn was answered "
+    "(an agent may have started anyway: see the workspace's agents)"
+)
 MAX_ERROR = 2000
 
 
@@ -244,6 +252,14 @@ class AutomationService:
         if run is None:  # deleted meanwhile
             raise AutomationNotFound(ref)
         return run
+
+    async def abandon_stale(self, now: datetime | None = None) -> int:
+        """Fail the runs left `firing` by a replica that died mid-spawn (STALE_RUN)."""
+        cut = _iso((now or datetime.now(UTC)) - timedelta(seconds=STALE_RUN))
+        n = await self.store.abandon_runs(cut, INTERRUPTED)
+        if n:
+            log.warning("automations: %d run(s) interrupted mid-spawn marked failed", n)
+        return n
 
     async def fire(
         self,

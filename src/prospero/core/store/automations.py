@@ -70,6 +70,12 @@ class AutomationStore(Protocol):
         self, run_id: str, state: RunState, *, agent_id: str | None, error: str | None
     ) -> None: ...
 
+    async def abandon_runs(self, fired_before: str, error: str) -> int:
+        """Every run still `firing` that was fired before `fired_before` (ISO-8601 UTC, the
+        format of `fired_at`) becomes `failed` with `error`: its replica died mid-spawn.
+        The number changed."""
+        ...
+
     async def get_run(self, run_id: str) -> AutomationRun | None: ...
 
     async def runs(self, automation_id: str, limit: int = RUN_HISTORY) -> list[AutomationRun]:

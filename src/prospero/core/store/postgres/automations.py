@@ -229,6 +229,18 @@ class PostgresAutomationStore(PgComponentStore):
 
         await self._run(job, "finish_run")
 
+    async def abandon_runs(self, fired_before: str, error: str) -> int:
+        async def job(conn: Conn) -> int:
+            status: str = await conn.execute(
+                "UPDATE automation_runs SET state = 'failed', error = $1 "
+                "WHERE state = 'firing' AND fired_at < $2",
+                error,
+                fired_before,
+            )
+            return int(status.rsplit(" ", 1)[-1])
+
+        return int(await self._run(job, "abandon_runs"))
+
     async def get_run(self, run_id: str) -> AutomationRun | None:
         async def job(conn: Conn) -> asyncpg.Record | None:
             row: asyncpg.Record | None = await conn.fetchrow(

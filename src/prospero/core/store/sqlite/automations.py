@@ -233,6 +233,17 @@ class SqliteAutomationStore(LazySqliteStore):
 
         await self._run(job, "finish_run")
 
+    async def abandon_runs(self, fired_before: str, error: str) -> int:
+        def job(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "UPDATE automation_runs SET state = 'failed', error = ? "
+                "WHERE state = 'firing' AND fired_at < ?",
+                (error, fired_before),
+            )
+            return cur.rowcount
+
+        return int(await self._run(job, "abandon_runs"))
+
     async def get_run(self, run_id: str) -> AutomationRun | None:
         def job(conn: sqlite3.Connection) -> tuple[Any, ...] | None:
             row: tuple[Any, ...] | None = conn.execute(
