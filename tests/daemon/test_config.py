@@ -303,6 +303,32 @@ def test_slow_client_settings(tmp_path: Path) -> None:
             load_config(argv, {})
 
 
+def test_automation_and_notification_settings(tmp_path: Path) -> None:
+    cfg = load_config([], {})
+    assert (cfg.automation_replay_window, cfg.notify_attempts, cfg.notify_backoff) == (
+        300.0,
+        5,
+        0.5,
+    )
+    toml = write(tmp_path / "p.toml", "automation_replay_window_s = 60\nnotify-attempts = 3\n")
+    cfg = load_config(
+        ["--config", str(toml), "--notify-backoff-s", "2"], {"PROSPERO_NOTIFY_ATTEMPTS": "8"}
+    )
+    assert (cfg.automation_replay_window, cfg.notify_attempts, cfg.notify_backoff) == (
+        60.0,
+        8,
+        2.0,
+    )
+    for argv, match in (
+        (["--automation-replay-window-s", "0"], "automation_replay_window_s: must be > 0"),
+        (["--notify-attempts", "0"], "notify_attempts: must be >= 1"),
+        (["--notify-attempts", "21"], "notify_attempts: at most 20"),
+        (["--notify-backoff-s", "soon"], "notify_backoff_s: expected a number"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            load_config(argv, {})
+
+
 def test_poll_backoff_settings(tmp_path: Path) -> None:
     cfg = load_config([], {})
     assert (cfg.poll_idle_backoff, cfg.poll_quiet_after) == (8.0, 10.0)

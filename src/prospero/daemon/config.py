@@ -383,6 +383,23 @@ SETTINGS: tuple[Setting, ...] = (
         "session to ask again before it is cancelled (default 30000)",
         "int",
     ),
+    Setting(
+        "automation_replay_window_s",
+        "seconds an automation webhook's signature is remembered (a repeat is 409 replayed) "
+        "and its X-Prospero-Timestamp may be off (default 300)",
+        "float",
+    ),
+    Setting(
+        "notify_attempts",
+        "attempts per notification delivery before it is logged failed (default 5, max 20)",
+        "int",
+    ),
+    Setting(
+        "notify_backoff_s",
+        "seconds before a notification's first retry, doubling each time; a Retry-After "
+        "header wins (default 0.5)",
+        "float",
+    ),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -742,6 +759,16 @@ def build_config(values: Mapping[str, Any]) -> DaemonConfig:
         cfg.decision_rejoin_grace = (
             parse_int(values["decision_rejoin_grace_ms"], "decision_rejoin_grace_ms", 0) / 1000
         )
+    if "automation_replay_window_s" in values:
+        cfg.automation_replay_window = parse_seconds(
+            values["automation_replay_window_s"], "automation_replay_window_s"
+        )
+    if "notify_attempts" in values:
+        cfg.notify_attempts = parse_int(values["notify_attempts"], "notify_attempts", 1)
+        if cfg.notify_attempts > 20:
+            raise ConfigError(f"notify_attempts: at most 20, got {values['notify_attempts']!r}")
+    if "notify_backoff_s" in values:
+        cfg.notify_backoff = parse_seconds(values["notify_backoff_s"], "notify_backoff_s", 3600.0)
     return cfg
 
 
