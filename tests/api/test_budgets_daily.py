@@ -107,3 +107,25 @@ async def test_a_daily_cap_that_is_not_positive_is_refused(
     got = (await stack.client.get("/api/workspaces")).json()
     cfg = next(w for w in got if w["name"] == "ws")["config"]
     assert cfg.get("daily_budget_usd") is None and cfg.get("daily_budget_tokens") is None
+
+
+async def test_daily_caps_given_at_registration_or_in_a_whole_config_are_kept(
+    make_stack: StackFactory,
+) -> None:
+    # POST /api/workspaces and PUT …/config take the caps as PATCH does (the whole-config
+    # paths once dropped them: the cap was silently not there).
+    stack = await make_stack()
+    root = await stack.add_workspace("two", register=False)
+    caps = {"daily_budget_usd": 0.25, "daily_budget_tokens": 5000}
+    r = await stack.client.post(
+        "/api/workspaces", json={"name": "two", "root": str(root), "config": caps}
+    )
+    assert r.status_code == 201, r.text
+    assert {k: r.json()["config"].get(k) for k in caps} == caps
+    r = await stack.client.put(
+        "/api/workspaces/ws/config", json={"env": {"A": "1"}, "daily_budget_usd": 2}
+    )
+    assert r.status_code == 204, r.text
+    got = {w["name"]: w["config"] for w in (await stack.client.get("/api/workspaces")).json()}
+    assert {k: got["two"].get(k) for k in caps} == caps
+    assert got["ws"]["daily_budget_usd"] == 2 and got["ws"]["env"] == {"A": "1"}

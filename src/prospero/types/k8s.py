@@ -87,13 +87,9 @@ class WorkspaceConfig(RepoProviderConfig):
         return sorted(self.model_extra or {})
 
     def local(self) -> RepoProviderConfig:
-        """The flat part, for the local backend."""
-        return RepoProviderConfig(
-            provider=self.provider,
-            base_url=self.base_url,
-            api_key_from_env=self.api_key_from_env,
-            env=dict(self.env),
-            caliband=self.caliband,
+        """The flat part (every `RepoProviderConfig` field), for the local backend."""
+        return RepoProviderConfig.model_validate(
+            {f: getattr(self, f) for f in RepoProviderConfig.model_fields}
         )
 
 
