@@ -336,3 +336,67 @@ async def test_the_cli_applies_k8s_workspaces_and_shows_their_phase(
     res = await run("workspace", "rm", "app2")
     assert res.exit_code == 0, res.output
     assert cluster.kube.store.get(WORKSPACES, NS, "app2") is None
+
+
+@pytest.mark.usefixtures("kubectl_present")
+async def test_daily_caps_of_a_k8s_workspace_are_annotations_of_its_cr(
+    cluster: Cluster, make_stack: StackFactory, tmp_path: Path
+) -> None:
+    # The daily caps (issue 15) are Prospero's, not the CRD's: they ride as annotations of the
+    # Workspace CR, owned by field manager prospero, read back into the registry's config.
+    stack = await k8s_stack(make_stack, cluster)
+    kubectl = kubectl_for(cluster, tmp_path / "kubectl")
+    caps = {"daily_budget_usd": 0.5, "daily_budget_tokens": 20000}
+    r = await stack.client.post(
+        "/api/workspaces", json={"name": "app", "config": {**K8S_CONFIG, **caps}}
+    )
+    assert r.status_code == 202, r.text
+    cr = (await cr_items(kubectl))["app"]
+    assert cr["metadata"]["annotations"] == {
+        f"prospero.{G.removeprefix('caliban.')}/daily-budget-usd": "0.5",
+        f"prospero.{G.removeprefix('caliban.')}/daily-budget-tokens": "20000",
+    }
+    assert "dailyBudgetUsd" not in json.dumps(cr["spec"])
+    ws = await wait_ready(stack, "app", 1)
+    assert {k: ws["config"].get(k) for k in caps} == caps
+    assert stack.runtime.manager is not None
+    (reg,) = [w for w in stack.runtime.manager.list_workspaces() if w.name == "app"]
+    assert (reg.config.daily_budget_usd, reg.config.daily_budget_tokens) == (0.5, 20000)
+    # the same POST again is a no-op; another cap is a different config (409)
+    r = await stack.client.post(
+        "/api/workspaces", json={"name": "app", "config": {**K8S_CONFIG, **caps}}
+    )
+    assert r.status_code == 202, r.text
+    r = await stack.client.post(
+        "/api/workspaces", json={"name": "app", "config": {**K8S_CONFIG, "daily_budget_usd": 9}}
+    )
+    error(r, 409, "conflict", "another config")
+    # a hand-edited cap that does not parse is ignored (logged); the other stays
+    await kubectl.ok(
+        "annotate",
+        "workspace",
+        "app",
+        "-n",
+        NS,
+        "--overwrite",
+        f"prospero.{G.removeprefix('caliban.')}/daily-budget-usd=lots",
+    )
+
+    async def usd_gone() -> bool:
+        cfg = (await listed(stack))["app"]["config"]
+        return cfg.get("daily_budget_usd") is None and cfg.get("daily_budget_tokens") == 20000
+
+    await wait_until(usd_gone, 10, interval=0.05, what="the unparsable cap ignored")
+    # a PUT without caps removes the ones Prospero owns; the one kubectl edited is kubectl's
+    # now (server-side apply), so it stays, still ignored
+    r = await stack.client.put("/api/workspaces/app/config", json=K8S_CONFIG)
+    assert r.status_code == 202, r.text
+    annotations = (await cr_items(kubectl))["app"]["metadata"].get("annotations") or {}
+    assert annotations == {f"prospero.{G.removeprefix('caliban.')}/daily-budget-usd": "lots"}
+    cfg = (await listed(stack))["app"]["config"]
+    assert cfg.get("daily_budget_usd") is None and cfg.get("daily_budget_tokens") is None
+    # bad caps are refused before anything is applied
+    r = await stack.client.put(
+        "/api/workspaces/app/config", json={**K8S_CONFIG, "daily_budget_usd": -1}
+    )
+    assert r.status_code == 422, r.text

@@ -128,7 +128,18 @@ class K8sWorkspaceView(BaseModel):
     default_provider: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     isolation: K8sIsolation | None = None
+    # Prospero's own settings, kept as annotations of the CR (not in the CRD's spec).
+    daily_budget_usd: float | None = None
+    daily_budget_tokens: int | None = None
     status: WorkspaceReconcile
+
+    def config(self) -> RepoProviderConfig:
+        """The flat config the FleetManager reads (env and the daily caps)."""
+        return RepoProviderConfig(
+            env=dict(self.env),
+            daily_budget_usd=self.daily_budget_usd,
+            daily_budget_tokens=self.daily_budget_tokens,
+        )
 
 
 class WorkspaceAccepted(BaseModel):

@@ -23,6 +23,7 @@ a Secret (nor asks for any resource but Workspaces). Errors are translated as K8
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
+from pydantic import ValidationError
 
 from prospero.core.errors import (
     Conflict,
@@ -66,6 +68,8 @@ from prospero.types.k8s import (
     WorkspaceReconcile,
 )
 from prospero.types.model import RegisteredWorkspace, RepoProviderConfig, Source
+
+log = logging.getLogger(__name__)
 
 WorkspaceResource = create_namespaced_resource(GROUP, VERSION, WORKSPACE_KIND, WORKSPACE_PLURAL)
 
@@ -146,6 +150,49 @@ def workspace_spec(name: str, config: WorkspaceConfig) -> WorkspaceSpec:
     )
 
 
+# Prospero-only settings of a workspace (the daily caps, issue 15) are not Workspace spec fields
+# (the CRD is caliban's, and an API server prunes what its schema does not declare): they are
+# annotations of the CR, applied by field manager `prospero` with the spec, so a PUT without
+# them removes them and every replica reads them with the CR.
+ANNOTATION_PREFIX = "prospero.caliban-ai.dev/"
+DAILY_USD = ANNOTATION_PREFIX + "daily-budget-usd"
+DAILY_TOKENS = ANNOTATION_PREFIX + "daily-budget-tokens"
+
+
+def workspace_annotations(config: WorkspaceConfig) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if config.daily_budget_usd is not None:
+        out[DAILY_USD] = repr(float(config.daily_budget_usd))
+    if config.daily_budget_tokens is not None:
+        out[DAILY_TOKENS] = str(int(config.daily_budget_tokens))
+    return out
+
+
+def _ours(cr: Workspace) -> dict[str, str]:
+    return {
+        k: v for k, v in (cr.metadata.annotations or {}).items() if k.startswith(ANNOTATION_PREFIX)
+    }
+
+
+def daily_caps_of(cr: Workspace) -> tuple[float | None, int | None]:
+    """The CR's daily caps; a value that does not parse (edited by hand) is left out, logged."""
+    ours = _ours(cr)
+    caps = RepoProviderConfig()
+    for key, field in ((DAILY_USD, "daily_budget_usd"), (DAILY_TOKENS, "daily_budget_tokens")):
+        if key not in ours:
+            continue
+        try:
+            caps = RepoProviderConfig.model_validate({**caps.model_dump(), field: ours[key]})
+        except ValidationError:
+            log.warning(
+                "Workspace %s: annotation %s=%r is not a valid cap: ignored",
+                cr.metadata.name,
+                key,
+                ours[key],
+            )
+    return caps.daily_budget_usd, caps.daily_budget_tokens
+
+
 def reconcile_of(cr: Workspace) -> WorkspaceReconcile:
     status = cr.status
     return WorkspaceReconcile(
@@ -160,6 +207,7 @@ def view_of(cr: Workspace) -> K8sWorkspaceView:
     spec = cr.spec
     iso = spec.isolation
     worktrees = iso.worktrees if iso is not None else None
+    usd, tokens = daily_caps_of(cr)
     return K8sWorkspaceView(
         name=cr.metadata.name,
         display_name=spec.display_name,
@@ -185,6 +233,8 @@ def view_of(cr: Workspace) -> K8sWorkspaceView:
             if iso is not None
             else None
         ),
+        daily_budget_usd=usd,
+        daily_budget_tokens=tokens,
         status=reconcile_of(cr),
     )
 
@@ -235,8 +285,7 @@ class K8sWorkspaces:
     async def list_workspaces(self) -> list[RegisteredWorkspace]:
         """The registry under k8s: one rootless workspace per Workspace CR, in name order."""
         return [
-            RegisteredWorkspace(name=v.name, root="", config=RepoProviderConfig(env=v.env))
-            for v in await self.views()
+            RegisteredWorkspace(name=v.name, root="", config=v.config()) for v in await self.views()
         ]
 
     def sources(self, name: str) -> list[Source]:
@@ -247,11 +296,12 @@ class K8sWorkspaces:
 
     async def apply(self, name: str, config: WorkspaceConfig, *, create: bool) -> WorkspaceAccepted:
         spec = workspace_spec(name, config)
+        annotations = workspace_annotations(config)
         existing = await self._get(name)
         if existing is None and not create:
             raise WorkspaceNotFound(name)
         if existing is not None and create:
-            if existing.spec.to_wire() != spec.to_wire():
+            if existing.spec.to_wire() != spec.to_wire() or _ours(existing) != annotations:
                 raise Conflict(
                     f"workspace '{name}' exists with another config (PUT "
                     f"/api/workspaces/{name}/config replaces it)"
@@ -261,6 +311,8 @@ class K8sWorkspaces:
         body = cr.to_wire()
         body.pop("status", None)
         body["metadata"] = {"name": name, "namespace": self.namespace}
+        if annotations:
+            body["metadata"]["annotations"] = annotations
         with kube_errors(f"apply Workspace {name}"):
             applied = await self._api().patch(
                 WorkspaceResource,

@@ -453,7 +453,7 @@ class FleetManager(Polling, DriverSupervision, AgentOperations, RunEnding):
                 sources=[Source(name=s.name, path=s.path) for s in v.sources],
                 health=self._health.get(v.name, Healthy()),
                 agent_count=counts.get(v.name, 0),
-                config=RepoProviderConfig(env=v.env),
+                config=v.config(),
                 display_name=v.display_name,
                 source_specs=v.sources,
                 providers=v.providers,

@@ -54,6 +54,7 @@ class ObjectMeta(_Cr):
     generation: int | None = None
     creation_timestamp: str | None = None
     deletion_timestamp: str | None = None
+    annotations: dict[str, str] | None = None
 
 
 class IsolationSpec(_Cr):
@@ -246,7 +247,9 @@ def decode_items(model: type[M], items: Iterable[Mapping[str, Any]]) -> tuple[li
             out.append(model.model_validate(item))
         except ValidationError as e:
             skipped += 1
-            name = (item.get("metadata") or {}).get("name", "?") if isinstance(item, Mapping) else "?"
+            name = (
+                (item.get("metadata") or {}).get("name", "?") if isinstance(item, Mapping) else "?"
+            )
             log.warning(
                 "skipping %s %r that does not match this mirror: %s",
                 model.__name__,
