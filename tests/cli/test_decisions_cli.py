@@ -135,7 +135,7 @@ def test_decisions_lists_and_approve_lets_the_agent_finish(cli: Cli, live: AcpLi
     res = cli("decisions", "--agent", "nobody", token=TOKEN)
     assert res.exit_code == 3 and "agent 'nobody' not found" in res.stderr
 
-    res = run(cli, "approve", d["id"], "--note", "lgtm")
+    res = run(cli, "approve", d["id"][:9], "--note", "lgtm")  # a unique prefix of a pending one
     assert res.stdout.strip() == f"approved {d['id']} (Allow once: Edit src/app.py) as ops"
     events = live.wait_finished(agent_id)
     resolved = [e["kind"] for e in events if e["kind"]["kind"] == "decision_resolved"]
@@ -165,7 +165,7 @@ def test_decisions_lists_and_approve_lets_the_agent_finish(cli: Cli, live: AcpLi
 def test_deny_always_answers_the_sessions_next_ask(cli: Cli, live: AcpLiveStack) -> None:
     agent_id = spawn(cli, "twice")
     d = live.pending(agent_id)
-    res = run(cli, "deny", d["id"], "--always", "-o", "json")
+    res = run(cli, "deny", d["id"].removeprefix("dec-")[:6], "--always", "-o", "json")
     decided = json.loads(res.stdout)
     assert (decided["option_id"], decided["decided_by"]) == ("reject-always", "ops")
     live.wait_finished(agent_id)
@@ -182,9 +182,16 @@ def test_deny_always_answers_the_sessions_next_ask(cli: Cli, live: AcpLiveStack)
 
 def test_answer_errors(cli: Cli, live: AcpLiveStack) -> None:
     res = cli("approve", "dec-nope", token=TOKEN)
-    assert res.exit_code == 3 and "server returned 404" in res.stderr  # not found
+    assert res.exit_code == 3 and "no decision 'dec-nope'" in res.stderr  # not found
     agent_id = spawn(cli)
     d = live.pending(agent_id)
+    other = spawn(cli)
+    o = live.pending(other)
+    res = cli("approve", "dec-", token=TOKEN)  # a prefix of both
+    assert res.exit_code == 5 and "ambiguous" in res.stderr  # conflict
+    assert d["id"] in res.stderr and o["id"] in res.stderr
+    run(cli, "approve", o["id"])
+    live.wait_finished(other)
     res = cli("approve", d["id"], "--option", "bogus", token=TOKEN)
     assert res.exit_code == 2 and "has no option 'bogus'" in res.stderr  # usage
     res = cli("approve", d["id"], token="wrong")

@@ -35,7 +35,7 @@ from prospero.cli.app import (
     app,
     handle_errors,
 )
-from prospero.cli.client import Client, CliError, fleet_events, seg
+from prospero.cli.client import Client, CliError, ServerError, fleet_events, seg
 from prospero.cli.output import OutputFormat, print_data, print_item
 from prospero.cli.params import (
     PostureOpt,
@@ -190,6 +190,33 @@ def _pick_option(
     )
 
 
+def resolve_decision(c: Client, given: str) -> Decision:
+    """The decision a whole id names, else the one *pending* decision whose id starts with
+    `given` (with or without its `dec-`): not found (exit 3) when none does, a conflict
+    (exit 5) listing them when several do."""
+    try:
+        return c.get_model(f"/api/decisions/{seg(given)}", Decision)
+    except ServerError as e:
+        if e.status != 404 or not given.strip():
+            raise
+    pending = c.get_model("/api/decisions", list[Decision], {"state": "pending"})
+    want = given.strip().lower()
+    hits = [d for d in pending if d.id.startswith(want) or d.id.startswith("dec-" + want)]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise CliError(
+            f"no decision {given!r} (nor a pending one whose id starts with it)", exits.NOT_FOUND
+        )
+    listed = ", ".join(
+        f"{d.id} ({d.tool_call.title or d.tool_call.kind or 'tool call'})" for d in hits[:5]
+    )
+    more = f" and {len(hits) - 5} more" if len(hits) > 5 else ""
+    raise CliError(
+        f"decision id prefix {given!r} is ambiguous; it matches: {listed}{more}", exits.CONFLICT
+    )
+
+
 def _answer(
     ctx: typer.Context,
     decision_id: str,
@@ -202,7 +229,8 @@ def _answer(
     token: str | None,
 ) -> None:
     with _client(ctx, addr, token) as c:
-        current = c.get_model(f"/api/decisions/{seg(decision_id)}", Decision)
+        current = resolve_decision(c, decision_id)
+        decision_id = current.id
         if current.state != "pending":
             by = f" by {current.decided_by}" if current.decided_by else ""
             raise CliError(f"decision {decision_id} is already {current.state}{by}", exits.CONFLICT)
@@ -242,7 +270,9 @@ OptionOpt = Annotated[
 @handle_errors
 def approve(
     ctx: typer.Context,
-    decision_id: Annotated[str, typer.Argument(metavar="ID", help="Decision id.")],
+    decision_id: Annotated[
+        str, typer.Argument(metavar="ID", help="Decision id, or a unique prefix of a pending one.")
+    ],
     always: AlwaysOpt = False,
     note: NoteOpt = None,
     option: OptionOpt = None,
@@ -258,7 +288,9 @@ def approve(
 @handle_errors
 def deny(
     ctx: typer.Context,
-    decision_id: Annotated[str, typer.Argument(metavar="ID", help="Decision id.")],
+    decision_id: Annotated[
+        str, typer.Argument(metavar="ID", help="Decision id, or a unique prefix of a pending one.")
+    ],
     always: AlwaysOpt = False,
     note: NoteOpt = None,
     option: OptionOpt = None,
