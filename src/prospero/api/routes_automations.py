@@ -194,9 +194,10 @@ async def list_runs(
         "`X-Prospero-Timestamp: <unix seconds>` is sent, of `<timestamp>.` + body, and a "
         "timestamp outside the replay window is refused. 401 for a missing, malformed or "
         "forged signature or a stale timestamp, and for an unknown automation or one "
-        "without a webhook (the same answer as a forged signature); 409 `disabled`; 409 `replayed` for a "
-        "signature already seen within the replay window (default 300 s); 400 for a body "
-        "that is not a JSON object (an empty body is `{}`). Nothing fires on any of these. "
+        "without a webhook (the same answer as a forged signature); 409 `disabled`; 409 "
+        "`replayed` for a signature already seen within the replay window (default 300 s); "
+        "400 for a body that is not a JSON object (an empty body is `{}`). Nothing fires on "
+        "any of these. "
         "202: the run, with the agent it spawned or the spawn's error."
     ),
 )

@@ -107,7 +107,7 @@ class Scheduler:
             return []
         self.passes += 1
         now = self.clock()
-        await self.service.abandon_stale()  # by the wall clock: fired_at is
+        await self.service.abandon_stale()  # wall clock, not self.clock: manual runs use it
         fired: list[AutomationRun] = []
         for a in await self.service.store.all():
             if not a.enabled or not a.schedule:

@@ -116,9 +116,13 @@ class AutomationService:
             nxt = _iso(tick) if tick is not None else None
         return a.model_copy(update={"next_fire": nxt})
 
-    async def resolve(self, ref: str) -> Automation:
+    async def find(self, ref: str) -> Automation | None:
         """By id, else by name."""
-        a = await self.store.get(ref) or await self.store.by_name(ref)
+        return await self.store.get(ref) or await self.store.by_name(ref)
+
+    async def resolve(self, ref: str) -> Automation:
+        """By id, else by name; AutomationNotFound when neither."""
+        a = await self.find(ref)
         if a is None:
             raise AutomationNotFound(ref)
         return a
@@ -230,14 +234,13 @@ class AutomationService:
         InvalidConfig for a body that is not a JSON object (400); nothing fires on any."""
         now = time.time() if now is None else now
         try:
-            a = await self.store.get(ref) or await self.store.by_name(ref)
+            a = await self.find(ref)
             secret = await self.store.secret(a.id) if a is not None else None
             if a is None or secret is None:
                 # The route is open: an unknown automation, or one without a webhook, is
                 # refused exactly as a forged signature is (checked against a throwaway
                 # secret), so that a caller without a secret learns no automation's name.
                 _unknown(body, signature, timestamp, now, self.replay_window)
-            assert a is not None and secret is not None
             digest = verify(secret, body, signature, timestamp, now=now, window=self.replay_window)
             if not a.enabled:
                 raise AutomationDisabled(a.name)

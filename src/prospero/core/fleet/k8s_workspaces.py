@@ -177,20 +177,19 @@ def _ours(cr: Workspace) -> dict[str, str]:
 def daily_caps_of(cr: Workspace) -> tuple[float | None, int | None]:
     """The CR's daily caps; a value that does not parse (edited by hand) is left out, logged."""
     ours = _ours(cr)
-    caps = RepoProviderConfig()
+    caps: dict[str, Any] = {}
     for key, field in ((DAILY_USD, "daily_budget_usd"), (DAILY_TOKENS, "daily_budget_tokens")):
-        if key not in ours:
-            continue
-        try:
-            caps = RepoProviderConfig.model_validate({**caps.model_dump(), field: ours[key]})
-        except ValidationError:
-            log.warning(
-                "Workspace %s: annotation %s=%r is not a valid cap: ignored",
-                cr.metadata.name,
-                key,
-                ours[key],
-            )
-    return caps.daily_budget_usd, caps.daily_budget_tokens
+        if key in ours:
+            try:
+                caps[field] = getattr(RepoProviderConfig.model_validate({field: ours[key]}), field)
+            except ValidationError:
+                log.warning(
+                    "Workspace %s: annotation %s=%r is not a valid cap: ignored",
+                    cr.metadata.name,
+                    key,
+                    ours[key],
+                )
+    return caps.get("daily_budget_usd"), caps.get("daily_budget_tokens")
 
 
 def reconcile_of(cr: Workspace) -> WorkspaceReconcile:

@@ -23,6 +23,7 @@ import asyncpg
 from pydantic import ValidationError
 
 from prospero.core.store.automations import RUN_HISTORY, DuplicateName
+from prospero.core.store.postgres.config import affected
 from prospero.core.store.postgres.db import Conn, PgComponentStore, Step
 from prospero.types.automations import Automation, AutomationRun, RunState
 
@@ -237,7 +238,7 @@ class PostgresAutomationStore(PgComponentStore):
                 error,
                 fired_before,
             )
-            return int(status.rsplit(" ", 1)[-1])
+            return affected(status)
 
         return int(await self._run(job, "abandon_runs"))
 
